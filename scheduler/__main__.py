@@ -1,0 +1,5 @@
+"""`python -m scheduler` runs the trainyard CLI."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,519 @@
+"""The `trainyard` command line: a thin client of the daemon's API (imports lazily for speed).
+
+Exit codes: 0 ok, 1 the daemon refused (message on stderr), 2 usage error, 3 daemon unreachable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+
+EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+
+# Subcommands that live in their own modules, imported only when invoked so that
+# `trainyard jobs` does not pay for Pulumi, Ansible, Textual or the daemon.
+LAZY_COMMANDS = {
+    "infra": ("infra.cli", "infra"),
+    "bootstrap": ("scheduler.bootstrap", "bootstrap"),
+    "simulate": ("scheduler.simulate", "simulate"),
+    "tui": ("tui.cli", "tui"),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def get_command(self, ctx, name):
+        if name in LAZY_COMMANDS:
+            module, attr = LAZY_COMMANDS[name]
+            try:
+                return getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as e:
+                raise click.ClickException(f"`trainyard {name}` is not available in this install: {e}") from None
+        return super().get_command(ctx, name)
+
+
+def fail(message: str, code: int = EXIT_REFUSED) -> None:
+    click.echo(f"trainyard: error: {message}", err=True)
+    sys.exit(code)
+
+
+def client():
+    from .client import Client, NotConfigured
+
+    try:
+        return Client.from_env()
+    except NotConfigured as e:
+        fail(str(e), EXIT_UNREACHABLE)
+
+
+def api(call: Callable, *args, **kwargs):
+    """Run one client call, turning the daemon's refusals into exit codes and one-line messages."""
+    from .client import ApiError, Unreachable
+
+    try:
+        return call(*args, **kwargs)
+    except ApiError as e:
+        fail(e.detail, EXIT_REFUSED)
+    except Unreachable as e:
+        fail(f"{e}; is `trainyard daemon` running? (TRAINYARD_URL)", EXIT_UNREACHABLE)
+
+
+def print_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def table(headers: list[str], rows: Iterable[list], out=None) -> None:
+    rows = [[("" if c is None else str(c)) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    click.echo("\n".join(lines), file=out)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    from .jobspec import format_time
+
+    return format_time(seconds) if seconds is not None else "-"
+
+
+def fmt_time(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def json_option(f):
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(f)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="trainyard")
+def cli():
+    """trainyard: GPU training cluster manager.
+
+    \b
+    Start here:  trainyard demo            a self-contained cluster on this machine
+    Then:        trainyard submit --gpus 2 -- python train.py
+                 trainyard jobs | nodes | queues | tui
+
+    Client settings come from TRAINYARD_URL and TRAINYARD_TOKEN, else
+    ~/.config/trainyard/client.toml (written by the daemon's first start).
+    Exit codes: 0 ok, 1 refused by the daemon, 2 usage error, 3 daemon unreachable.
+    """
+
+
+# ------------------------------------------------------------------------------ daemon, demo
+@cli.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="trainyard.toml with [daemon] settings.")
+@click.option("--listen", help="HOST:PORT to serve the API on [default: 127.0.0.1:8471].")
+@click.option("--db", help="Database: a SQLite path or postgresql://user@host/db [default: $TRAINYARD_HOME/trainyard.db].")
+@click.option("-v", "--verbose", is_flag=True, help="Log more.")
+def daemon(config_path, listen, db, verbose):
+    """Run the scheduler daemon: API, scheduling loop and node sessions."""
+    import asyncio
+    import logging
+    import signal
+
+    from .config import DaemonConfig, home
+    from .daemon import Daemon
+    from .server import bind, raise_nofile_limit, serve
+    from .store import SchemaError
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = DaemonConfig.load(config_path)
+    except ValueError as e:
+        fail(str(e), EXIT_USAGE)
+    if listen:
+        config.listen = listen
+    if db:
+        config.db = db
+    raise_nofile_limit()
+    try:
+        sock = bind(config.listen)
+    except ValueError as e:
+        fail(str(e), EXIT_USAGE)
+    except OSError as e:
+        fail(str(e))
+    d = Daemon(config, home())
+    try:
+        d.prepare()
+    except SchemaError as e:
+        fail(str(e))
+    except Exception as e:  # the database refused: say which and why
+        fail(f"cannot open the database {config.db or d.db_url!r}: {type(e).__name__}: {str(e).splitlines()[0]}")
+
+    def ready(dm: Daemon) -> None:
+        token = dm.bootstrap_admin(dm.url)
+        click.echo(f"trainyard daemon listening on {dm.url} (state in {dm.home})", err=True)
+        if token:
+            from .config import client_config_path
+
+            click.echo(f"first start: admin token for this user written to {client_config_path()}", err=True)
+
+    async def main():
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(d, sock, ready, stop)
+
+    asyncio.run(main())
+
+
+@cli.command()
+@click.option("--nodes", default=4, show_default=True, type=click.IntRange(1, 256), help="Simulated nodes.")
+@click.option("--gpus-per-node", default=8, show_default=True, type=click.IntRange(0, 16))
+@click.option("--no-tui", is_flag=True, help="Run headless; print TRAINYARD_URL/TRAINYARD_TOKEN and wait.")
+@click.option("--listen", default="127.0.0.1:0", show_default=True, help="HOST:PORT for the API (0: any free port).")
+@click.option("--dir", "workdir", type=click.Path(file_okay=False), help="Where to keep the demo's state [default: a new temp dir].")
+def demo(nodes, gpus_per_node, no_tui, listen, workdir):
+    """A self-contained cluster: the daemon on SQLite plus simulated SSH nodes on loopback."""
+    from .demo import run_demo
+
+    run_demo(nodes=nodes, gpus=gpus_per_node, tui=not no_tui, listen=listen, workdir=workdir)
+
+
+# ------------------------------------------------------------------------------ jobs
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.option("--name", "-J", help="Job name [default: the command's name].")
+@click.option("--queue", "-p", help="Queue (partition) [default: default].")
+@click.option("--gpus", "-G", type=click.IntRange(0), help="GPUs per node.")
+@click.option("--gpu-type", help="Only nodes whose GPU model contains this, e.g. H100.")
+@click.option("--nodes", "-N", type=click.IntRange(1), help="Nodes, all started together (gang).")
+@click.option("--cpus", "-c", type=click.IntRange(1), help="CPUs per node.")
+@click.option("--mem", help="Memory per node, e.g. 64G.")
+@click.option("--time", "-t", "time_limit", help="Time limit: MM, HH:MM:SS or D-HH:MM:SS.")
+@click.option("--priority", type=int, help="Priority (raising above 0 needs the operator role).")
+@click.option("--retries", type=click.IntRange(0, 100), help="Rerun a failed job up to N times.")
+@click.option("--after", help="Start after job ID completed OK (or afterok|afterany|afternotok:ID).")
+@click.option("--array", help="Job array, e.g. 0-9 or 0-99%10.")
+@click.option("--env", "-e", multiple=True, help="K=V for the job's environment (repeatable).")
+@click.option("--workdir", "-D", help="Working directory on the node [default: the job's own directory].")
+@click.option("--hold", is_flag=True, help="Submit held; `trainyard release` starts it.")
+@click.option("--parsable", is_flag=True, help="Print only the job id.")
+@json_option
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def submit(ctx, args, parsable, as_json, **opts):
+    """Queue a job: `trainyard submit [OPTIONS] -- COMMAND...` or `trainyard submit [OPTIONS] SCRIPT`.
+
+    A SCRIPT's #SBATCH lines are read as defaults (job name, nodes, gpus, time, mem, ...);
+    options given here win.
+    """
+    from .jobspec import parse_env, parse_mem, parse_time, sbatch_directives
+
+    if not args:
+        raise click.UsageError("nothing to run: give `-- COMMAND...` or a SCRIPT file")
+    spec: dict = {}
+    dashdash = "--" in sys.argv[1:]
+    if len(args) == 1 and not dashdash and Path(args[0]).is_file():
+        script = Path(args[0]).read_text()
+        try:
+            directives = sbatch_directives(script)
+        except ValueError as e:
+            raise click.UsageError(f"{args[0]}: {e}") from None
+        spec.update({k: v for k, v in directives.items() if k not in ("constraint", "exclusive", "priority_nice")})
+        spec["script"] = script
+        spec.setdefault("name", Path(args[0]).name)
+    else:
+        spec["command"] = list(args)
+    for key, value in opts.items():
+        if ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE or (key not in spec and value not in (None, (), False)):
+            spec[key] = value
+    try:
+        if "time_limit" in spec:
+            parse_time(spec["time_limit"])
+        if "mem" in spec:
+            parse_mem(spec["mem"])
+        spec["env"] = parse_env(spec.get("env", ()))
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    job = api(client().submit, spec)
+    if as_json:
+        print_json(job)
+    elif parsable:
+        click.echo(job["id"])
+    else:
+        click.echo(f"Submitted job {job['id']}" + (" (held)" if job["state"] == "HELD" else ""))
+
+
+@cli.command()
+@click.option("--all", "-a", "all_", is_flag=True, help="Include finished jobs.")
+@click.option("--state", "-t", help="Only jobs in these states (comma-separated).")
+@click.option("--user", "-u", help="Only this user's jobs.")
+@click.option("--queue", "-p", help="Only this queue.")
+@json_option
+def jobs(all_, state, user, queue, as_json):
+    """List jobs (pending and running; --all for finished too), like squeue."""
+    rows = api(client().jobs, all=all_, state=state, user=user, queue=queue)
+    if as_json:
+        print_json(rows)
+        return
+    now = time.time()
+    table(
+        ["JOBID", "NAME", "USER", "QUEUE", "STATE", "GPUS", "NODES", "TIME", "NODELIST(REASON)"],
+        [[j["id"], j["name"][:24], j["user"], j["queue"], j["state"], j["gpus"], j["nodes"],
+          fmt_duration(((j["end_time"] or now) - j["start_time"]) if j["start_time"] else None),
+          ",".join(a["node"] for a in j["allocation"]) if j["allocation"] else f"({j['reason'] or '-'})"]
+         for j in rows],
+    )
+
+
+@cli.command("job")
+@click.argument("job_id", type=int)
+@json_option
+def job_cmd(job_id, as_json):
+    """Show one job in full, like `scontrol show job` (with its estimated start when pending)."""
+    j = api(client().job, job_id)
+    if as_json:
+        print_json(j)
+        return
+    alloc = "; ".join(f"{a['node']}:gpus={','.join(map(str, a['gpus']))}" for a in j["allocation"]) or "-"
+    fields = [
+        ("JobId", j["id"]), ("Name", j["name"]), ("User", j["user"]), ("Queue", j["queue"]),
+        ("State", j["state"]), ("Reason", j["reason"] or "-"), ("Priority", j["priority"]),
+        ("Command", " ".join(j["command"]) if j["command"] else "(script)"),
+        ("Gpus", f"{j['gpus']} per node"), ("Nodes", j["nodes"]), ("Cpus", j["cpus"]),
+        ("Mem", f"{j['mem']}M" if j["mem"] else "-"), ("TimeLimit", fmt_duration(j["time_limit"])),
+        ("Retries", f"{j['failures']}/{j['retries']} used"), ("Attempt", j["attempt"]),
+        ("Dependency", j["dependency"] or "-"), ("SubmitTime", fmt_time(j["submit_time"])),
+        ("StartTime", fmt_time(j["start_time"])), ("EndTime", fmt_time(j["end_time"])),
+        ("EstimatedStart", fmt_time(j.get("estimated_start"))), ("ExitCode", j["exit_code"]),
+        ("Allocation", alloc), ("WorkDir", j["workdir"] or "(job directory on the node)"),
+    ]
+    for k, v in fields:
+        click.echo(f"{k:>15}: {'-' if v is None else v}")
+
+
+def _job_action(action: str, ids: tuple[int, ...], as_json: bool) -> None:
+    from .client import ApiError, Unreachable
+
+    c = client()
+    failed = False
+    results = []
+    for job_id in ids:
+        try:
+            j = getattr(c, action)(job_id)
+        except ApiError as e:
+            click.echo(f"trainyard: error: {e.detail}", err=True)
+            failed = True
+            continue
+        except Unreachable as e:
+            fail(str(e), EXIT_UNREACHABLE)
+        results.append(j)
+        if not as_json:
+            click.echo(f"job {j['id']}: {j['state']}" + (" (stopping)" if action in ("cancel", "requeue")
+                                                         and j["state"] in ("RUNNING", "STARTING") else ""))
+    if as_json:
+        print_json(results)
+    if failed:
+        sys.exit(EXIT_REFUSED)
+
+
+def _make_action(action: str, doc: str):
+    @click.argument("ids", nargs=-1, type=int, required=True)
+    @json_option
+    def command(ids, as_json):
+        _job_action(action, ids, as_json)
+
+    command.__doc__ = doc
+    return cli.command(action)(command)
+
+
+_make_action("cancel", "Cancel jobs: pending ones at once, running ones with SIGTERM then SIGKILL.")
+_make_action("hold", "Hold pending jobs so they do not start.")
+_make_action("release", "Release held jobs.")
+_make_action("requeue", "Put jobs back in the queue (a running one is stopped first).")
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--rank", default=0, show_default=True, type=click.IntRange(0), help="Node rank of a multi-node job.")
+def logs(job_id, follow, rank):
+    """Print a job's output (stdout and stderr), read from its node."""
+    c = client()
+    offset = 0
+    final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
+    while True:
+        r = api(c._call, "GET", f"/v1/jobs/{job_id}/log", params={"offset": offset, "rank": rank})
+        if r["data"]:
+            sys.stdout.write(r["data"])
+            sys.stdout.flush()
+        got = r["next"] > offset
+        offset = r["next"]
+        if not follow or (r["state"] in final and not got):
+            return
+        if not got:
+            time.sleep(0.5)
+
+
+# ------------------------------------------------------------------------------ nodes
+@cli.command()
+@json_option
+def nodes(as_json):
+    """List nodes: state, GPUs used/total, model, pool and why a node is not UP."""
+    rows = api(client().nodes)
+    if as_json:
+        print_json(rows)
+        return
+    table(
+        ["NAME", "STATE", "GPUS", "MODEL", "POOL", "ADDRESS", "REASON"],
+        [[n["name"], n["state"], f"{n['gpus_used']}/{n['gpus_total']}", n["gpu_model"] or "-", n["pool"],
+          f"{n['address']}:{n['port']}", n["reason"] or ""] for n in rows],
+    )
+
+
+@cli.group()
+def node():
+    """Register, drain, resume and remove nodes."""
+
+
+def _labels(items: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--label")
+        out[k] = v
+    return out
+
+
+@node.command("add")
+@click.argument("name")
+@click.option("--address", required=True, help="Host name or IP the daemon reaches over SSH.")
+@click.option("--port", default=22, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--user", default="trainyard", show_default=True, help="SSH user on the node.")
+@click.option("--key", "key_path", type=click.Path(exists=True, dir_okay=False, resolve_path=True),
+              help="Private key [default: the daemon's own key, $TRAINYARD_HOME/ssh/id_ed25519].")
+@click.option("--accept-new-host-key", is_flag=True, help="Pin the node's host key on this first contact.")
+@click.option("--gpus", type=click.IntRange(0, 64), help="GPUs to assume when the node has no NVML.")
+@click.option("--gpu-model", help="GPU model to assume when the node has no NVML.")
+@click.option("--pool", default="default", show_default=True)
+@click.option("--label", multiple=True, help="KEY=VALUE node label (repeatable), e.g. rack=r12.")
+@click.option("--agent-dir", default=".trainyard", show_default=True, help="Agent's directory on the node.")
+@json_option
+def node_add(name, address, port, user, key_path, accept_new_host_key, gpus, gpu_model, pool, label,
+             agent_dir, as_json):
+    """Register a node: pin its host key, check SSH and python3, then connect its agent."""
+    spec = {"name": name, "address": address, "port": port, "user": user, "key_path": key_path,
+            "accept_new_host_key": accept_new_host_key, "gpus": gpus, "gpu_model": gpu_model,
+            "pool": pool, "labels": _labels(label), "agent_dir": agent_dir}
+    n = api(client().add_node, spec)
+    if as_json:
+        print_json(n)
+    else:
+        click.echo(f"node {n['name']} added ({n['address']}:{n['port']}); its agent is connecting")
+
+
+@node.command("import")
+@click.argument("inventory", type=click.File("r"))
+@click.option("--accept-new-host-key", is_flag=True, help="Pin the host keys of these nodes on first contact.")
+@json_option
+def node_import(inventory, accept_new_host_key, as_json):
+    """Register every node of an inventory document (JSON; `-` for stdin), e.g. from `trainyard infra outputs`."""
+    try:
+        doc = json.load(inventory)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint="INVENTORY") from None
+    if isinstance(doc, dict) and "inventory" in doc:
+        doc = doc["inventory"]
+    if not isinstance(doc, list):
+        raise click.BadParameter("expected a JSON list of nodes", param_hint="INVENTORY")
+    for item in doc:
+        if isinstance(item, dict) and accept_new_host_key:
+            item["accept_new_host_key"] = True
+    results = api(client().import_nodes, doc)
+    if as_json:
+        print_json(results)
+    else:
+        for r in results:
+            click.echo(f"{r['name']}: " + ("added" if r["ok"] else f"FAILED: {r['error']}"))
+    if not all(r["ok"] for r in results):
+        sys.exit(EXIT_REFUSED)
+
+
+@node.command("drain")
+@click.argument("name")
+@click.option("--reason", required=True, help="Why (shown in `trainyard nodes`).")
+@json_option
+def node_drain(name, reason, as_json):
+    """Stop new work on a node; running jobs finish (DRAINING, then DRAINED)."""
+    n = api(client().drain_node, name, reason)
+    print_json(n) if as_json else click.echo(f"node {n['name']}: {n['state']} ({n['reason']})")
+
+
+@node.command("resume")
+@click.argument("name")
+@json_option
+def node_resume(name, as_json):
+    """Return a drained or down node to service."""
+    n = api(client().resume_node, name)
+    print_json(n) if as_json else click.echo(f"node {n['name']}: {n['state']}")
+
+
+@node.command("remove")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Remove even while jobs run there (they are lost to the daemon).")
+def node_remove(name, force):
+    """Forget a node (and unpin nothing: its host key stays in known_hosts)."""
+    api(client().remove_node, name, force)
+    click.echo(f"node {name} removed")
+
+
+# ------------------------------------------------------------------------------ queues, tokens
+@cli.command()
+@json_option
+def queues(as_json):
+    """List queues with their pending and running jobs and GPUs in use."""
+    rows = api(client().queues)
+    if as_json:
+        print_json(rows)
+        return
+    table(["QUEUE", "STATE", "PRIORITY", "PENDING", "RUNNING", "GPUS", "DEFAULT_TIME", "MAX_TIME"],
+          [[q["name"], q["state"], q["priority"], q["pending"], q["running"], q["gpus_used"],
+            fmt_duration(q["default_time_limit"]), fmt_duration(q["max_time_limit"])] for q in rows])
+
+
+@cli.group()
+def token():
+    """API tokens."""
+
+
+@token.command("create")
+@click.argument("user")
+@click.option("--role", required=True, type=click.Choice(["admin", "operator", "user"]))
+@json_option
+def token_create(user, role, as_json):
+    """Create a token for USER (shown once; only its hash is stored)."""
+    t = api(client().create_token, user, role)
+    if as_json:
+        print_json(t)
+    else:
+        click.echo(t["token"])
+        click.echo(f"token for {t['user']} ({t['role']}); it is shown only now", err=True)
+
+
+@cli.command()
+@json_option
+def whoami(as_json):
+    """Show who the configured token belongs to, and its role."""
+    me = api(client().me)
+    print_json(me) if as_json else click.echo(f"{me['user']} ({me['role']})")
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""SQL tables of the control plane (sqlmodel): nodes, jobs, queues, tokens, audit events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Column, Index, Text
+from sqlmodel import Field, SQLModel
+
+SCHEMA_VERSION = 1
+
+# Job states, in Slurm's words. STARTING is the write-ahead mark (DESIGN.md boundary 2):
+# the allocation is committed, the launch is in flight.
+PENDING, HELD, STARTING, RUNNING = "PENDING", "HELD", "STARTING", "RUNNING"
+COMPLETED, FAILED, CANCELLED, TIMEOUT = "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"
+PREEMPTED, NODE_FAIL = "PREEMPTED", "NODE_FAIL"
+JOB_STATES = (PENDING, HELD, STARTING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT,
+              PREEMPTED, NODE_FAIL)
+ACTIVE_STATES = frozenset({STARTING, RUNNING})
+WAITING_STATES = frozenset({PENDING, HELD})
+FINAL_STATES = frozenset({COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL})
+
+# Node states.
+UP, DRAINING, DRAINED, DOWN = "UP", "DRAINING", "DRAINED", "DOWN"
+PROVISIONING, BOOTSTRAPPING = "PROVISIONING", "BOOTSTRAPPING"
+NODE_STATES = (UP, DRAINING, DRAINED, DOWN, PROVISIONING, BOOTSTRAPPING)
+
+ROLES = ("user", "operator", "admin")
+
+
+class Meta(SQLModel, table=True):
+    """Key/value facts about the database itself, such as the schema version."""
+
+    key: str = Field(primary_key=True)
+    value: str
+
+
+class Node(SQLModel, table=True):
+    name: str = Field(primary_key=True)
+    address: str
+    port: int = 22
+    user: str = "trainyard"
+    key_path: str | None = None  # private key; None: the daemon's own key
+    agent_dir: str = ".trainyard"  # where the agent keeps its files, relative to the login dir
+    pool: str = "default"
+    provider: str = "onprem"
+    gpu_model: str = ""
+    gpus_total: int = 0  # declared; the agent's hello replaces it with what it sees
+    cpus: int = 0
+    mem_mb: int = 0
+    labels: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    state: str = Field(default=DOWN, index=True)
+    reason: str = ""
+    # the agent's own view (hello): GPU indices it sees; allocations never use others
+    gpu_indices: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    simulated: bool = False
+    last_seen: float | None = None
+    created_at: float = 0.0
+
+
+class Job(SQLModel, table=True):
+    __table_args__ = (Index("ix_job_state_queue", "state", "queue"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = ""
+    user: str = Field(index=True)
+    queue: str = "default"
+    state: str = PENDING
+    reason: str = ""
+    command: list[str] | None = Field(default=None, sa_column=Column(JSON))
+    script: str | None = Field(default=None, sa_column=Column(Text))
+    gpus: int = 0  # per node
+    gpu_type: str | None = None
+    nodes: int = 1
+    cpus: int = 1  # per node
+    mem_mb: int = 0  # per node
+    time_limit_s: int | None = None
+    priority: int = 0
+    retries: int = 0  # how many reruns after a failure are allowed
+    attempt: int = 0  # 0 for the first run; +1 per requeue of any kind
+    failures: int = 0  # reruns used up by failures (preemption and manual requeues are free)
+    dependency: str = ""
+    array_parent: int | None = None
+    array_task_id: int | None = None
+    array_limit: int | None = None
+    env: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    workdir: str | None = None
+    submit_time: float = 0.0
+    eligible_time: float = 0.0
+    start_time: float | None = None
+    end_time: float | None = None
+    exit_code: int | None = None
+    # [{"node": name, "gpus": [idx, ...]}], rank order; set when the job is STARTING
+    allocation: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    # why the daemon signalled it: "cancel", "timeout", "preempt", "requeue" (decides the end state)
+    kill_reason: str = ""
+    kill_time: float | None = None
+    estimated_start: float | None = None
+
+
+class Queue(SQLModel, table=True):
+    name: str = Field(primary_key=True)
+    priority: int = 0
+    open: bool = True
+    default_time_limit_s: int | None = None
+    max_time_limit_s: int | None = None
+
+
+class Token(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    user: str
+    role: str
+    token_hash: str = Field(index=True, unique=True)  # sha256 of the secret; the secret is never stored
+    created_at: float = 0.0
+    created_by: str = ""
+
+
+class Event(SQLModel, table=True):
+    """The audit trail and state-change stream: who did what to which target, from where."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    time: float = Field(index=True)
+    actor: str
+    action: str
+    target: str = ""
+    address: str = ""
+    detail: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))

@@ -1,0 +1,80 @@
+"""Runs the daemon and its HTTP API together on one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import socket
+from collections.abc import Callable
+
+import uvicorn
+
+from .api import create_app
+from .config import parse_listen
+from .daemon import Daemon
+
+log = logging.getLogger("trainyard.server")
+
+
+def raise_nofile_limit() -> None:
+    """Each node holds a connection; run out of descriptors and asyncssh fails oddly (notes/ssh.md)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def bind(listen: str) -> socket.socket:
+    host, port = parse_listen(listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {listen}: {e.strerror}") from None
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the caller owns SIGINT/SIGTERM (stop event)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+async def serve(daemon: Daemon, sock: socket.socket, on_ready: Callable[[Daemon], None] | None = None,
+                stop: asyncio.Event | None = None) -> None:
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    daemon.url = f"http://{shown}:{port}"
+    app = create_app(daemon)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                            timeout_keep_alive=75, server_header=False)
+    server = _Server(config)
+    await daemon.start()
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                await task
+                return
+            await asyncio.sleep(0.01)
+        if on_ready:
+            on_ready(daemon)
+        waiters = [task]
+        if stop is not None:
+            waiters.append(asyncio.create_task(stop.wait()))
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        server.should_exit = True
+        try:
+            await asyncio.wait_for(task, 10)
+        except (TimeoutError, asyncio.CancelledError):
+            task.cancel()
+        await daemon.stop()

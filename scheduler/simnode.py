@@ -1,0 +1,84 @@
+"""Simulated nodes for the demo and benchmarks: asyncssh servers that run jobs as local processes.
+
+Each node is an SSH server on loopback with its own host key and its own directory. The daemon
+reaches it through the same code path as a real node (SSH, SFTP upload of the agent, the agent
+channel); the agent runs as a real local process and reports synthetic GPUs
+(TRAINYARD_SIM_GPUS), so jobs are real processes and the GPUs are not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncssh
+
+
+@dataclass
+class SimNode:
+    name: str
+    root: Path
+    gpus: int
+    host_key: asyncssh.SSHKey
+    port: int = 0
+    server: asyncssh.SSHAcceptor | None = None
+    processes: set = field(default_factory=set)
+
+
+async def _run_command(node: SimNode, process: asyncssh.SSHServerProcess) -> None:
+    env = dict(os.environ)
+    env.update({"HOME": str(node.root), "TRAINYARD_SIM_GPUS": str(node.gpus), "TRAINYARD_SIM_NODE": node.name})
+    local = await asyncio.create_subprocess_shell(
+        process.command or "true", cwd=node.root, env=env, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    node.processes.add(local)
+    try:
+        await process.redirect(stdin=local.stdin, stdout=local.stdout, stderr=local.stderr)
+        process.exit(await local.wait())
+    except asyncssh.BreakReceived:
+        process.exit(255)
+    finally:
+        node.processes.discard(local)
+        if local.returncode is None:  # the connection went away: the agent sees EOF and exits
+            with contextlib.suppress(Exception):
+                local.stdin.close()
+
+
+async def start_sim_nodes(base: Path, count: int, gpus: int, client_public_key: str,
+                          host: str = "127.0.0.1", prefix: str = "node") -> list[SimNode]:
+    authorized = asyncssh.import_authorized_keys(client_public_key)
+    nodes = []
+    for i in range(1, count + 1):
+        name = f"{prefix}-{i}"
+        root = base / name
+        root.mkdir(parents=True, exist_ok=True)
+        node = SimNode(name, root, gpus, asyncssh.generate_private_key("ssh-ed25519"))
+
+        def process_factory(process, node=node):
+            return _run_command(node, process)
+
+        def sftp_factory(chan, node=node):
+            return asyncssh.SFTPServer(chan, chroot=str(node.root).encode())
+
+        node.server = await asyncssh.listen(
+            host, 0, server_host_keys=[node.host_key], authorized_client_keys=authorized,
+            process_factory=process_factory, sftp_factory=sftp_factory, allow_scp=False,
+            encoding=None, line_editor=False, keepalive_interval=5, config=[],
+        )
+        node.port = node.server.sockets[0].getsockname()[1]
+        nodes.append(node)
+    return nodes
+
+
+async def stop_sim_nodes(nodes: list[SimNode]) -> None:
+    for node in nodes:
+        if node.server is not None:
+            node.server.close()
+            await node.server.wait_closed()
+        for proc in list(node.processes):
+            if proc.returncode is None:
+                proc.kill()

@@ -1,0 +1,69 @@
+"""The database: engine, sessions and the schema version (SQLite with WAL, or PostgreSQL)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, SQLModel, create_engine, select
+
+from .models import SCHEMA_VERSION, Meta
+
+# Migrations from version N to N+1, applied in order at start-up. Each is a function of a
+# connection; add one here (and bump SCHEMA_VERSION) whenever a table changes shape.
+MIGRATIONS: dict[int, object] = {}
+
+
+class SchemaError(RuntimeError):
+    pass
+
+
+def normalise_url(db: str) -> str:
+    """Accept a path or a URL; postgresql:// URLs use psycopg 3."""
+    if "://" not in db:
+        return f"sqlite:///{Path(db).expanduser().resolve()}"
+    if db.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + db.split("://", 1)[1]
+    return db
+
+
+def make_engine(db: str) -> Engine:
+    url = normalise_url(db)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record):
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+
+
+def init_schema(engine: Engine) -> int:
+    """Create the tables on a new database, migrate an old one; refuse a newer one."""
+    SQLModel.metadata.create_all(engine)
+    with Session(engine) as session:
+        row = session.exec(select(Meta).where(Meta.key == "schema_version")).first()
+        if row is None:
+            session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+            session.commit()
+            return SCHEMA_VERSION
+        version = int(row.value)
+        if version > SCHEMA_VERSION:
+            raise SchemaError(
+                f"database schema version {version} is newer than this trainyard "
+                f"({SCHEMA_VERSION}); upgrade trainyard or point --db at another database"
+            )
+        while version < SCHEMA_VERSION:
+            MIGRATIONS[version](session.connection())  # type: ignore[operator]
+            version += 1
+        row.value = str(version)
+        session.add(row)
+        session.commit()
+        return version

@@ -1,0 +1,1 @@
+"""trainyard's terminal UI: a Textual client of the daemon's API."""
