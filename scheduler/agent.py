@@ -209,7 +209,9 @@ class Agent:
                 break
             pid = self.read(d, "pid")
             if pid is not None and self.alive(int(pid)):
-                return {"key": key, "state": "running", "pid": int(pid)}
+                # running once setsid has made it the leader of its own process group
+                state = "running" if self.group_leader(int(pid)) else "starting"
+                return {"key": key, "state": state, "pid": int(pid)}
             wpid = self.read(d, "wpid")
             if wpid is None or self.alive(int(wpid)):
                 # the wrapper is still starting the job, or about to write its exit status
@@ -225,6 +227,14 @@ class Agent:
                 return f.read().strip()
         except FileNotFoundError:
             return None
+
+    @staticmethod
+    def group_leader(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return int(f.read().rsplit(")", 1)[1].split()[2]) == pid
+        except (OSError, ValueError, IndexError):
+            return os.getpgid(pid) == pid if hasattr(os, "getpgid") else True
 
     @staticmethod
     def alive(pid: int) -> bool:
@@ -254,8 +264,11 @@ class Agent:
         pid = self.read(self.job_dir(key), "pid")
         if pid is None:
             return
-        with contextlib.suppress(ProcessLookupError):
+        try:
             os.killpg(int(pid), sig)
+        except ProcessLookupError:  # not yet its own group leader: signal the process itself
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), sig)
 
     def on_sync(self, msg: dict) -> None:
         """Report every job that has not been forgotten: running ones and exits nobody heard."""
@@ -316,8 +329,11 @@ class Agent:
                 mem_mb = int(f.readline().split()[1]) // 1024
         except (OSError, ValueError, IndexError):
             pass
+        # simulated nodes (demo, tests) share one machine, so they may claim a size of their own
+        cpus = int(os.environ.get("TRAINYARD_SIM_CPUS") or os.cpu_count() or 1)
+        mem_mb = int(os.environ.get("TRAINYARD_SIM_MEM_MB") or mem_mb)
         return {"ev": "hello", "protocol": PROTOCOL, "host": socket.gethostname(), "pid": os.getpid(),
-                "cpus": os.cpu_count() or 1, "mem_mb": mem_mb, "gpu_source": self.gpus.source,
+                "cpus": cpus, "mem_mb": mem_mb, "gpu_source": self.gpus.source,
                 "gpu_model": self.gpus.model, "gpus": self.gpus.describe(), "root": self.root}
 
     def run(self) -> None:
@@ -326,7 +342,7 @@ class Agent:
         handlers = {"launch": self.on_launch, "signal": self.on_signal, "sync": self.on_sync,
                     "forget": self.on_forget, "log": self.on_log, "watch": self.on_watch,
                     "ping": lambda m: self.send({"ev": "pong", "id": m.get("id")})}
-        next_tel = time.monotonic()
+        next_tel = next_lost_check = time.monotonic()
         while True:
             try:
                 starting = any(not i.get("announced", True) for i in self.watching.values())
@@ -341,12 +357,18 @@ class Agent:
                     handlers[msg["op"]](msg)
                 except Exception as e:  # a bad request never kills the agent
                     self.send({"ev": "error", "id": _get_id(line), "error": f"{type(e).__name__}: {e}"})
+            check_lost = time.monotonic() >= next_lost_check
+            if check_lost:
+                next_lost_check = time.monotonic() + 1.0
             for key, info in list(self.watching.items()):
                 d = self.job_dir(key)
                 if self.exists(d, "rc"):
                     self.report(key)
                 elif not info.get("announced", True) and self.exists(d, "pid"):
-                    info["announced"] = True
+                    if self.status(key)["state"] != "starting":
+                        info["announced"] = True
+                        self.report(key)
+                elif check_lost and self.status(key)["state"] == "lost":
                     self.report(key)
             for key, w in list(self.wrappers.items()):
                 if w.poll() is not None and key not in self.watching:

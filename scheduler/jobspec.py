@@ -123,7 +123,9 @@ def sbatch_directives(script: str) -> dict[str, object]:
             continue
         if not line.startswith("#SBATCH"):
             break
-        for opt in shlex.split(line[len("#SBATCH"):], comments=False):
+        tokens = shlex.split(line[len("#SBATCH"):], comments=False)
+        while tokens:
+            opt = tokens.pop(0)
             if opt.startswith("#"):
                 break
             flag, sep, value = opt.partition("=")
@@ -135,6 +137,8 @@ def sbatch_directives(script: str) -> dict[str, object]:
             if field == "exclusive":
                 out["exclusive"] = True
                 continue
+            if not value and tokens and not tokens[0].startswith("-"):
+                value = tokens.pop(0)  # `-N 2` as well as `-N2` and `--nodes=2`
             if not value:
                 raise ValueError(f"script line {lineno}: #SBATCH {flag} needs a value ({flag}=VALUE)")
             if field == "gres":

@@ -30,7 +30,8 @@ class SimNode:
 
 async def _run_command(node: SimNode, process: asyncssh.SSHServerProcess) -> None:
     env = dict(os.environ)
-    env.update({"HOME": str(node.root), "TRAINYARD_SIM_GPUS": str(node.gpus), "TRAINYARD_SIM_NODE": node.name})
+    env.update({"HOME": str(node.root), "TRAINYARD_SIM_GPUS": str(node.gpus), "TRAINYARD_SIM_NODE": node.name,
+                "TRAINYARD_SIM_CPUS": str(max(8, node.gpus * 8)), "TRAINYARD_SIM_MEM_MB": str(max(1, node.gpus) * 128 * 1024)})
     local = await asyncio.create_subprocess_shell(
         process.command or "true", cwd=node.root, env=env, stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

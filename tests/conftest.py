@@ -95,7 +95,7 @@ class SshdNode:
             KbdInteractiveAuthentication no
             PermitRootLogin prohibit-password
             Subsystem sftp internal-sftp
-            SetEnv HOME={self.dir}
+            SetEnv HOME={self.dir} TRAINYARD_SIM_CPUS=32
             MaxStartups 100:30:200
             LogLevel ERROR
             """))
@@ -345,3 +345,20 @@ def fresh_pg_db(url: str, name: str) -> str:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
     return url.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory):
+    """Like `cluster`, but one per test module, for tests that leave the nodes as they found them."""
+    require_or_skip(SSHD is not None, "OpenSSH sshd is not installed (apt-get install openssh-server)")
+    base = tmp_path_factory.mktemp("cluster")
+    d = DaemonProc(base).start()
+    nodes = [SshdNode(base, f"n{i}", d.public_key).start() for i in (1, 2)]
+    try:
+        for n in nodes:
+            add_sshd_node(d, n)
+        yield d, nodes
+    finally:
+        d.stop()
+        for n in nodes:
+            n.stop()

@@ -1,0 +1,145 @@
+"""The node agent as a real process speaking JSON lines: detached jobs, exit codes, no reruns."""
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+AGENT = Path(__file__).resolve().parents[2] / "scheduler" / "agent.py"
+
+
+class Agent:
+    def __init__(self, root: Path, sim_gpus: int = 4):
+        env = {**os.environ, "TRAINYARD_SIM_GPUS": str(sim_gpus)}
+        self.proc = subprocess.Popen([sys.executable, str(AGENT), "--root", str(root), "--telemetry", "0"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.hello = self.read()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self.lines.put(json.loads(line))
+
+    def send(self, **msg):
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def read(self, timeout=10.0) -> dict:
+        try:
+            return self.lines.get(timeout=max(timeout, 0.01))
+        except queue.Empty:
+            raise AssertionError("the agent said nothing") from None
+
+    def wait_for(self, ev, key=None, timeout=10.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.read(deadline - time.monotonic())
+            if msg.get("ev") == ev and (key is None or msg.get("key") == key):
+                return msg
+        raise AssertionError(f"no {ev} for {key}")
+
+    def kill9(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(5)
+
+
+@pytest.fixture
+def agent(tmp_path):
+    a = Agent(tmp_path / "agent")
+    yield a
+    a.close()
+
+
+def test_hello_reports_the_simulated_gpus(agent):
+    assert agent.hello["ev"] == "hello"
+    assert agent.hello["gpu_source"] == "simulated"
+    assert [g["index"] for g in agent.hello["gpus"]] == [0, 1, 2, 3]
+
+
+def test_job_gets_its_environment_and_exit_code(agent, tmp_path):
+    agent.send(op="launch", key="1.0", job_id=1, argv=["sh", "-c", "echo $CUDA_VISIBLE_DEVICES; exit 7"],
+               env={"CUDA_VISIBLE_DEVICES": "2,3"}, gpus=[2, 3])
+    assert agent.wait_for("exited", "1.0")["rc"] == 7
+    agent.send(op="log", id=9, key="1.0")
+    assert agent.wait_for("log")["data"] == "2,3\n"
+
+
+def test_a_repeated_launch_never_runs_the_job_twice(agent, tmp_path):
+    marker = tmp_path / "runs"
+    cmd = ["sh", "-c", f"echo run >> {marker}"]
+    agent.send(op="launch", key="5.0", job_id=5, argv=cmd)
+    agent.wait_for("exited", "5.0")
+    agent.send(op="launch", key="5.0", job_id=5, argv=cmd)
+    assert agent.wait_for("exited", "5.0")["rc"] == 0
+    assert marker.read_text() == "run\n"
+
+
+def test_signal_reaches_the_job_and_its_children_but_the_wrapper_records_the_end(agent):
+    agent.send(op="launch", key="2.0", job_id=2, argv=["sh", "-c", "sleep 60 & sleep 60"])
+    agent.wait_for("started", "2.0")
+    agent.send(op="signal", key="2.0", sig="TERM")
+    assert agent.wait_for("exited", "2.0")["rc"] == 128 + signal.SIGTERM
+
+
+def test_jobs_survive_the_agent_and_their_exit_is_reported_to_the_next_one(tmp_path):
+    root = tmp_path / "agent"
+    first = Agent(root)
+    first.send(op="launch", key="3.0", job_id=3, argv=["sh", "-c", "sleep 0.5; exit 4"])
+    first.send(op="launch", key="4.0", job_id=4, argv=["sleep", "30"])
+    first.wait_for("started", "4.0")
+    first.kill9()  # the SSH link or the daemon went away
+    time.sleep(1.0)
+    second = Agent(root)
+    try:
+        second.send(op="sync", id=1)
+        jobs = {j["key"]: j for j in second.wait_for("jobs")["jobs"]}
+        assert jobs["3.0"]["state"] == "exited" and jobs["3.0"]["rc"] == 4
+        assert jobs["4.0"]["state"] == "running"
+        second.send(op="signal", key="4.0", sig="KILL")
+        second.send(op="forget", keys=["3.0"])
+        time.sleep(0.3)
+        second.send(op="sync", id=2)
+        jobs = {j["key"]: j for j in second.wait_for("jobs")["jobs"]}
+        assert "3.0" not in jobs
+        assert jobs["4.0"]["state"] == "exited" and jobs["4.0"]["rc"] == 128 + signal.SIGKILL
+    finally:
+        second.close()
+
+
+def test_a_job_whose_wrapper_died_is_reported_lost(tmp_path):
+    root = tmp_path / "agent"
+    a = Agent(root)
+    a.send(op="launch", key="6.0", job_id=6, argv=["sleep", "30"])
+    a.wait_for("started", "6.0")
+    job_dir = root / "jobs" / "6.0"
+    os.kill(int((job_dir / "wpid").read_text()), signal.SIGKILL)  # e.g. the node rebooted
+    os.killpg(int((job_dir / "pid").read_text()), signal.SIGKILL)
+    assert a.wait_for("exited", "6.0")["lost"] is True
+    a.close()
+
+
+def test_missing_workdir_fails_the_job_with_a_message(agent):
+    agent.send(op="launch", key="7.0", job_id=7, argv=["true"], workdir="/nonexistent/dir")
+    assert agent.wait_for("exited", "7.0")["rc"] == 127
+    agent.send(op="log", id=3, key="7.0")
+    assert "workdir '/nonexistent/dir' does not exist" in agent.wait_for("log")["data"]
+
+
+def test_a_bad_request_gets_an_error_and_the_agent_keeps_going(agent):
+    agent.send(op="nonsense", id=11)
+    assert agent.wait_for("error")["id"] == 11
+    agent.send(op="ping", id=12)
+    assert agent.wait_for("pong")["id"] == 12
