@@ -130,6 +130,31 @@ class SshdNode:
             except ProcessLookupError:
                 pass
 
+    def drop_connections(self) -> None:
+        """Cut the link but keep the jobs: sshd and the agent go, the detached jobs stay."""
+        if not self.proc or self.proc.poll() is not None:
+            return
+        victims = []
+        for pid in descendants(self.proc.pid):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmd[0].startswith(b"sshd") or any(b"agent-" in part for part in cmd[:3]):
+                victims.append(pid)
+        self.proc.kill()
+        self.proc.wait()
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def new_host_key(self) -> None:
+        self.host_key.unlink()
+        Path(str(self.host_key) + ".pub").unlink()
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.host_key)], check=True)
+
     def stop(self) -> None:
         self.kill()
 
@@ -194,13 +219,14 @@ class DaemonProc:
                "--config", str(self.config)]
         if self.db:
             cmd += ["--db", self.db]
+        seen = self.log.stat().st_size if self.log.exists() else 0
         self.proc = subprocess.Popen(cmd, env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                      stderr=open(self.log, "ab"))
 
         def up():
             if self.proc.poll() is not None:
                 raise AssertionError(f"daemon exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
-            return "listening on" in self.log.read_text()
+            return "listening on" in self.log.read_text()[seen:]
 
         wait_for(up, 20, what="daemon start")
         return self

@@ -1,0 +1,89 @@
+"""Crash safety: the daemon killed with -9, nodes lost and regained, host keys that change."""
+
+import time
+
+from tests.conftest import add_sshd_node, wait_for, wait_job
+
+
+def runs_of(node, tag: str) -> int:
+    marker = node.dir / f"runs-{tag}"
+    return len(marker.read_text().splitlines()) if marker.exists() else 0
+
+
+def counted(node_dirs, tag: str, body: str) -> list[str]:
+    """A command that records each run in the node's directory, then runs `body`."""
+    return ["sh", "-c", f'echo run >> "$HOME/runs-{tag}"; {body}']
+
+
+def test_kill_9_daemon_loses_and_duplicates_nothing(cluster):
+    d, nodes = cluster
+    c = d.client()
+    long = c.submit({"command": counted(nodes, "long", "sleep 5"), "gpus": 4})
+    short = c.submit({"command": counted(nodes, "short", "sleep 1; exit 5"), "gpus": 4})
+    for j in (long, short):
+        wait_job(c, j["id"], "RUNNING")
+    d.kill9()
+    time.sleep(2.5)  # `short` exits while nobody listens
+    d.start()
+    c = d.client()
+    done_short = wait_job(c, short["id"], "FAILED")
+    assert done_short["exit_code"] == 5
+    assert c.job(long["id"])["state"] == "RUNNING"
+    wait_job(c, long["id"], "COMPLETED", timeout=20)
+    assert sum(runs_of(n, "long") for n in nodes) == 1
+    assert sum(runs_of(n, "short") for n in nodes) == 1
+    # the pending queue survived too
+    later = c.submit({"command": ["true"]})
+    wait_job(c, later["id"], "COMPLETED")
+
+
+def test_lost_node_goes_down_and_its_job_is_requeued_elsewhere(daemon_factory, sshd_factory):
+    d = daemon_factory(grace=2.0)
+    nodes = [sshd_factory(f"n{i}", d.public_key) for i in (1, 2)]
+    for n in nodes:
+        add_sshd_node(d, n)
+    c = d.client()
+    job = c.submit({"command": ["sleep", "30"], "gpus": 4, "nodes": 1, "retries": 1})
+    running = wait_job(c, job["id"], "RUNNING")
+    victim_name = running["allocation"][0]["node"]
+    victim = next(n for n in nodes if n.name == victim_name)
+    victim.kill()
+    down = wait_for(lambda: (n := c.node(victim_name))["state"] == "DOWN" and n, 20, what="node DOWN")
+    assert "unreachable" in down["reason"]
+    again = wait_job(c, job["id"], "RUNNING", timeout=20)
+    assert again["attempt"] == 1 and again["failures"] == 1
+    assert again["allocation"][0]["node"] != victim_name
+    states = [e["detail"]["state"] for e in c.events(limit=500)
+              if e["target"] == str(job["id"]) and e["action"] == "job.state"]
+    assert "NODE_FAIL" in states
+
+
+def test_node_back_within_grace_keeps_its_job(daemon_factory, sshd_factory):
+    d = daemon_factory(grace=30.0)
+    node = sshd_factory("n1", d.public_key)
+    add_sshd_node(d, node)
+    c = d.client()
+    job = c.submit({"command": ["sh", "-c", "sleep 4; echo survived"], "gpus": 1})
+    wait_job(c, job["id"], "RUNNING")
+    node.drop_connections()
+    wait_for(lambda: not c.node("n1")["connected"], 10, what="link down")
+    node.start()
+    done = wait_job(c, job["id"], "COMPLETED", timeout=30)
+    assert done["attempt"] == 0
+    assert c.log(job["id"])[0] == "survived\n"
+    assert c.node("n1")["state"] == "UP"
+
+
+def test_changed_host_key_is_refused_and_shown(daemon_factory, sshd_factory):
+    d = daemon_factory(grace=60.0)
+    node = sshd_factory("n1", d.public_key)
+    add_sshd_node(d, node)
+    c = d.client()
+    node.kill()
+    node.new_host_key()
+    node.start()
+    shown = wait_for(lambda: "host key verification failed" in (n := c.node("n1"))["reason"] and n, 20,
+                     what="host key error")
+    assert shown["connected"] is False
+    out = d.cli("nodes", check=True).stdout
+    assert "host key verification failed" in out
