@@ -339,7 +339,10 @@ def postgres_url(tmp_path_factory):
     bindir = _pg_bindir()
     require_or_skip(bindir is not None, "PostgreSQL server binaries (initdb) are not installed "
                                         "(apt-get install postgresql)")
-    base = tmp_path_factory.mktemp("pg")
+    import tempfile
+
+    # not under pytest's 0700 tmp tree: the postgres user must be able to reach it
+    base = Path(tempfile.mkdtemp(prefix="trainyard-pg-"))
     data = base / "data"
     port = free_port()
     as_user: list[str] = []
@@ -360,6 +363,7 @@ def postgres_url(tmp_path_factory):
     finally:
         proc.terminate()
         proc.wait(20)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def fresh_pg_db(url: str, name: str) -> str:

@@ -128,3 +128,14 @@ def test_sbatch_script_directives_apply(shared_cluster, c, tmp_path):
     assert job["name"] == "tiny" and job["gpus"] == 3
     wait_job(c, job["id"], "COMPLETED")
     assert c.log(job["id"])[0].count(",") == 2
+
+
+def test_more_gpus_than_any_node_is_refused_and_nothing_is_queued(shared_cluster, c):
+    d, _ = shared_cluster
+    before = len(c.jobs(all=True))
+    r = d.cli("submit", "--gpus", "16", "--", "true")
+    assert r.returncode == 1
+    assert "16 GPUs per node is more than any node has (largest: 4" in r.stderr
+    r = d.cli("submit", "--gpus", "4", "--nodes", "3", "--", "true")
+    assert r.returncode == 1 and "only 2 such nodes" in r.stderr
+    assert len(c.jobs(all=True)) == before
