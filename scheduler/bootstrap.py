@@ -60,21 +60,25 @@ def inventory_from_file(path: str | os.PathLike) -> dict:
         raise BootstrapError(str(exc)) from None
 
 
-def document_from_daemon_nodes(nodes: Iterable[Mapping[str, Any]], ssh_user: str | None = None) -> list[dict]:
+def document_from_daemon_nodes(
+    nodes: Iterable[Mapping[str, Any]], ssh_user: str | None = None
+) -> list[dict]:
     """The inventory document for the nodes the daemon knows (`Client.nodes()` dicts)."""
     doc = []
     for node in nodes:
-        doc.append({
-            "name": node["name"],
-            "address": node["address"],
-            "ssh_user": ssh_user or node.get("user") or "root",
-            "ssh_port": int(node.get("port") or 22),
-            "pool": node.get("pool") or "default",
-            "provider": node.get("provider") or "onprem",
-            "gpu_model": node.get("gpu_model") or "",
-            "gpu_count": int(node.get("gpus_total") or 0),
-            "labels": dict(node.get("labels") or {}),
-        })
+        doc.append(
+            {
+                "name": node["name"],
+                "address": node["address"],
+                "ssh_user": ssh_user or node.get("user") or "root",
+                "ssh_port": int(node.get("port") or 22),
+                "pool": node.get("pool") or "default",
+                "provider": node.get("provider") or "onprem",
+                "gpu_model": node.get("gpu_model") or "",
+                "gpu_count": int(node.get("gpus_total") or 0),
+                "labels": dict(node.get("labels") or {}),
+            }
+        )
     return doc
 
 
@@ -110,8 +114,10 @@ class BootstrapResult:
 
     @property
     def succeeded(self) -> bool:
-        return self.status == "successful" and bool(self.hosts) and all(
-            h.outcome in ("ok", "changed") for h in self.hosts.values()
+        return (
+            self.status == "successful"
+            and bool(self.hosts)
+            and all(h.outcome in ("ok", "changed") for h in self.hosts.values())
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -121,7 +127,9 @@ class BootstrapResult:
             "check": self.check,
             "events": self.events_path,
             "warnings": self.warnings,
-            "hosts": {name: {**asdict(h), "outcome": h.outcome} for name, h in sorted(self.hosts.items())},
+            "hosts": {
+                name: {**asdict(h), "outcome": h.outcome} for name, h in sorted(self.hosts.items())
+            },
         }
 
 
@@ -142,7 +150,9 @@ def _error_text(res: Mapping[str, Any]) -> str:
 class EventTranslator:
     """Turns ansible-runner events into progress records (one per host and task) and a summary."""
 
-    def __init__(self, sink: ProgressSink | None = None, on_host_start: Callable[[str], None] | None = None):
+    def __init__(
+        self, sink: ProgressSink | None = None, on_host_start: Callable[[str], None] | None = None
+    ):
         self.sink = sink
         self.on_host_start = on_host_start
         self.hosts: dict[str, HostSummary] = {}
@@ -182,14 +192,23 @@ class EventTranslator:
                 record["ignored"] = ignored
                 summary = self._host(host)
                 if not ignored and not summary.first_error and kind != "runner_item_on_failed":
-                    where = f"{data.get('role')} : {data.get('task')}" if data.get("role") else data.get("task", "")
+                    where = (
+                        f"{data.get('role')} : {data.get('task')}"
+                        if data.get("role")
+                        else data.get("task", "")
+                    )
                     summary.first_error = f"{where}: {record['error']}"
             if kind == "runner_item_on_failed":
                 record = None  # the task's own runner_on_failed follows and is reported
         elif kind == "playbook_on_stats":
             self.stats_seen = True
-            for key, attr in (("ok", "ok"), ("changed", "changed"), ("failures", "failed"),
-                              ("dark", "unreachable"), ("skipped", "skipped")):
+            for key, attr in (
+                ("ok", "ok"),
+                ("changed", "changed"),
+                ("failures", "failed"),
+                ("dark", "unreachable"),
+                ("skipped", "skipped"),
+            ):
                 for name, count in (data.get(key) or {}).items():
                     setattr(self._host(name), attr, int(count))
             record = {"type": "stats", "hosts": {n: asdict(h) for n, h in self.hosts.items()}}
@@ -296,8 +315,14 @@ def run_bootstrap(
         if events_file:
             events_file.close()
 
-    result = BootstrapResult(rc=rc, status=status, check=check, hosts=dict(result_hosts),
-                             events_path=str(events_path) if events_path else None, warnings=warnings)
+    result = BootstrapResult(
+        rc=rc,
+        status=status,
+        check=check,
+        hosts=dict(result_hosts),
+        events_path=str(events_path) if events_path else None,
+        warnings=warnings,
+    )
     for name in sorted(translator.started):
         summary = result.hosts[name]
         if summary.outcome in ("ok", "changed"):
@@ -309,7 +334,13 @@ def run_bootstrap(
 
 # ---------------------------------------------------------------- terminal output
 
-STATUS_COLOURS = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red", "skipped": "cyan"}
+STATUS_COLOURS = {
+    "ok": "green",
+    "changed": "yellow",
+    "failed": "red",
+    "unreachable": "red",
+    "skipped": "cyan",
+}
 
 
 def format_progress(record: Mapping[str, Any]) -> str | None:
@@ -328,7 +359,9 @@ def format_progress(record: Mapping[str, Any]) -> str | None:
             line += f"\n{'':<32}{record['error']}{suffix}"
         return line
     if kind in ("warning", "error"):
-        return click.style(f"{kind}: {record['message']}", fg="yellow" if kind == "warning" else "red")
+        return click.style(
+            f"{kind}: {record['message']}", fg="yellow" if kind == "warning" else "red"
+        )
     return None
 
 
@@ -337,10 +370,14 @@ def format_summary(result: BootstrapResult) -> str:
     if not result.hosts:
         return "no host was bootstrapped"
     width = max(len("HOST"), *(len(h) for h in result.hosts))
-    lines = [f"{'HOST':<{width}}  {'RESULT':<11}  {'OK':>4}  {'CHANGED':>7}  {'FAILED':>6}  {'UNREACHABLE':>11}"]
+    lines = [
+        f"{'HOST':<{width}}  {'RESULT':<11}  {'OK':>4}  {'CHANGED':>7}  {'FAILED':>6}  {'UNREACHABLE':>11}"
+    ]
     for name, h in sorted(result.hosts.items()):
         outcome = click.style(f"{h.outcome:<11}", fg=STATUS_COLOURS.get(h.outcome))
-        lines.append(f"{name:<{width}}  {outcome}  {h.ok:>4}  {h.changed:>7}  {h.failed:>6}  {h.unreachable:>11}")
+        lines.append(
+            f"{name:<{width}}  {outcome}  {h.ok:>4}  {h.changed:>7}  {h.failed:>6}  {h.unreachable:>11}"
+        )
     for name, h in sorted(result.hosts.items()):
         if h.first_error:
             lines.append(f"{name}: {h.first_error}")
@@ -375,32 +412,97 @@ def read_public_key(path: Path) -> str:
     except OSError as exc:
         raise BootstrapError(f"cannot read the SSH public key {path}: {exc.strerror}") from None
     if not key.startswith(("ssh-", "ecdsa-", "sk-")) or "\n" in key:
-        raise BootstrapError(f"{path} does not hold one OpenSSH public key (a line like 'ssh-ed25519 AAAA...')")
+        raise BootstrapError(
+            f"{path} does not hold one OpenSSH public key (a line like 'ssh-ed25519 AAAA...')"
+        )
     return key
 
 
 @click.command("bootstrap")
-@click.option("--inventory", "inventory_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Inventory document (JSON, as `pulumi stack output inventory --json` writes it).")
+@click.option(
+    "--inventory",
+    "inventory_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Inventory document (JSON, as `pulumi stack output inventory --json` writes it).",
+)
 @click.option("--from-daemon", is_flag=True, help="Bootstrap the nodes the daemon knows.")
-@click.option("--limit", metavar="HOSTS", help="Only these hosts or groups (Ansible pattern, e.g. 'gpu-a*,pool_h100').")
-@click.option("--check", is_flag=True, help="Show what would change, change nothing (ansible --check --diff).")
-@click.option("--tags", multiple=True, metavar="TAG",
-              help="Only these roles' tasks: common, nvidia_driver, cuda, container_toolkit, storage, trainyard_node, gpu. Repeatable or comma-separated.")
-@click.option("--ssh-public-key", type=click.Path(dir_okay=False, path_type=Path),
-              help="Public key the daemon logs in with [default: $TRAINYARD_HOME/ssh/id_ed25519.pub].")
-@click.option("--ssh-user", metavar="USER", help="Log in as USER (with sudo) instead of the inventory's ssh_user.")
-@click.option("--private-key", type=click.Path(exists=True, dir_okay=False), help="SSH private key to log in with.")
-@click.option("--known-hosts", type=click.Path(dir_okay=False),
-              help="known_hosts file that pins the nodes' host keys (strict checking).")
-@click.option("-e", "--extra-vars", "extra", multiple=True, metavar="KEY=VALUE",
-              help="Role variable, e.g. -e nvidia_driver_branch=570 (value parsed as JSON when it is JSON).")
-@click.option("--register", is_flag=True, help="Register each node with the daemon (TRAINYARD_URL/TRAINYARD_TOKEN).")
-@click.option("--events", "events_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write progress as JSON lines here [default: $TRAINYARD_HOME/bootstrap/<time>.jsonl].")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (progress goes to stderr).")
-def bootstrap(inventory_file, from_daemon, limit, check, tags, ssh_public_key, ssh_user, private_key,
-              known_hosts, extra, register, events_path, as_json):
+@click.option(
+    "--limit",
+    metavar="HOSTS",
+    help="Only these hosts or groups (Ansible pattern, e.g. 'gpu-a*,pool_h100').",
+)
+@click.option(
+    "--check", is_flag=True, help="Show what would change, change nothing (ansible --check --diff)."
+)
+@click.option(
+    "--tags",
+    multiple=True,
+    metavar="TAG",
+    help="Only these roles' tasks: common, nvidia_driver, cuda, container_toolkit, storage, trainyard_node, gpu. Repeatable or comma-separated.",
+)
+@click.option(
+    "--ssh-public-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Public key the daemon logs in with [default: $TRAINYARD_HOME/ssh/id_ed25519.pub].",
+)
+@click.option(
+    "--ssh-user",
+    metavar="USER",
+    help="Log in as USER (with sudo) instead of the inventory's ssh_user.",
+)
+@click.option(
+    "--private-key",
+    type=click.Path(exists=True, dir_okay=False),
+    help="SSH private key to log in with.",
+)
+@click.option(
+    "--known-hosts",
+    type=click.Path(dir_okay=False),
+    help="known_hosts file that pins the nodes' host keys (strict checking).",
+)
+@click.option(
+    "-e",
+    "--extra-vars",
+    "extra",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Role variable, e.g. -e nvidia_driver_branch=570 (value parsed as JSON when it is JSON).",
+)
+@click.option(
+    "--register",
+    is_flag=True,
+    help="Register each node with the daemon (TRAINYARD_URL/TRAINYARD_TOKEN).",
+)
+@click.option(
+    "--accept-new-host-key",
+    is_flag=True,
+    help="With --register: let the daemon pin each node's SSH host key on first contact.",
+)
+@click.option(
+    "--events",
+    "events_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write progress as JSON lines here [default: $TRAINYARD_HOME/bootstrap/<time>.jsonl].",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the summary as JSON (progress goes to stderr)."
+)
+def bootstrap(
+    inventory_file,
+    from_daemon,
+    limit,
+    check,
+    tags,
+    ssh_public_key,
+    ssh_user,
+    private_key,
+    known_hosts,
+    extra,
+    register,
+    accept_new_host_key,
+    events_path,
+    as_json,
+):
     """Bootstrap nodes: drivers, CUDA, container toolkit and the trainyard user (Ansible site.yml)."""
     if bool(inventory_file) == bool(from_daemon):
         raise click.UsageError("give exactly one of --inventory FILE or --from-daemon")
@@ -415,17 +517,18 @@ def bootstrap(inventory_file, from_daemon, limit, check, tags, ssh_public_key, s
         except json.JSONDecodeError:
             extravars[key] = value
 
-    out = click.get_text_stream("stderr" if as_json else "stdout")
+    out = sys.stderr if as_json else sys.stdout
     client = None
     try:
         key_path = ssh_public_key or default_ssh_public_key()
         extravars.setdefault("common_trainyard_ssh_public_key", read_public_key(key_path))
-        if from_daemon or register:
-            client = _client()
+        client = _client(required=from_daemon or register)
         if inventory_file:
             inventory = inventory_from_file(inventory_file)
         else:
-            inventory = inventory_from_document(document_from_daemon_nodes(_daemon_nodes(client), ssh_user))
+            inventory = inventory_from_document(
+                document_from_daemon_nodes(_daemon_nodes(client), ssh_user)
+            )
         if not inventory["all"]["hosts"]:
             raise BootstrapError("the inventory has no nodes; nothing to bootstrap")
     except BootstrapError as exc:
@@ -442,8 +545,12 @@ def bootstrap(inventory_file, from_daemon, limit, check, tags, ssh_public_key, s
         )
     if register:
         url, token = _client_credentials(client)
-        extravars.update(trainyard_node_register=True, trainyard_node_daemon_url=url,
-                         trainyard_node_daemon_token=token)
+        extravars.update(
+            trainyard_node_register=True,
+            trainyard_node_daemon_url=url,
+            trainyard_node_daemon_token=token,
+            trainyard_node_register_accept_new_host_key=accept_new_host_key,
+        )
 
     events = events_path or default_events_path()
     events.parent.mkdir(parents=True, exist_ok=True)
@@ -454,9 +561,14 @@ def bootstrap(inventory_file, from_daemon, limit, check, tags, ssh_public_key, s
             click.echo(line, file=out)
 
     result = run_bootstrap(
-        inventory, limit=limit, check=check, tags=tag_list, extravars=extravars,
-        progress=progress, events_path=events,
-        node_bootstrap=client.node_bootstrap if client is not None else None,
+        inventory,
+        limit=limit,
+        check=check,
+        tags=tag_list,
+        extravars=extravars,
+        progress=progress,
+        events_path=events,
+        node_bootstrap=_notifier(client) if client is not None else None,
     )
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
@@ -467,18 +579,31 @@ def bootstrap(inventory_file, from_daemon, limit, check, tags, ssh_public_key, s
     sys.exit(0 if result.succeeded else 1)
 
 
-def _client():
-    """The daemon's API client; exit 3 when its settings are missing."""
+def _client(required: bool):
+    """The daemon's API client. Exit 3 when it is required but not configured; else None."""
     from scheduler import client as client_module  # lazy: the CLI stays fast
 
     try:
         return client_module.Client.from_env()
-    except client_module.Unreachable as exc:
-        click.echo(f"error: the daemon is unreachable: {exc}", err=True)
-        sys.exit(3)
-    except client_module.ApiError as exc:
-        click.echo(f"error: {getattr(exc, 'detail', exc)}", err=True)
-        sys.exit(1)
+    except client_module.NotConfigured as exc:
+        if required:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(3)
+        return None
+
+
+def _notifier(client) -> NodeBootstrapFn:
+    """client.node_bootstrap, quiet about nodes the daemon does not know (not imported yet)."""
+    from scheduler import client as client_module
+
+    def notify(name: str, phase: str, detail: str = "") -> None:
+        try:
+            client.node_bootstrap(name, phase, detail)
+        except client_module.ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    return notify
 
 
 def _daemon_nodes(client) -> list[dict]:
@@ -487,17 +612,19 @@ def _daemon_nodes(client) -> list[dict]:
     try:
         return list(client.nodes())
     except client_module.Unreachable as exc:
-        click.echo(f"error: the daemon is unreachable: {exc}; start it or check TRAINYARD_URL", err=True)
+        click.echo(
+            f"error: the daemon is unreachable: {exc}; start it or check TRAINYARD_URL", err=True
+        )
         sys.exit(3)
     except client_module.ApiError as exc:
-        click.echo(f"error: the daemon refused to list nodes: {getattr(exc, 'detail', exc)}", err=True)
+        click.echo(
+            f"error: the daemon refused to list nodes: {getattr(exc, 'detail', exc)}", err=True
+        )
         sys.exit(1)
 
 
 def _client_credentials(client) -> tuple[str, str]:
     """Daemon URL and token for the trainyard_node role's registration call."""
-    url = os.environ.get("TRAINYARD_URL") or getattr(client, "url", None) or getattr(client, "base_url", None)
-    token = os.environ.get("TRAINYARD_TOKEN") or getattr(client, "token", None)
-    if not url or not token:
-        raise click.UsageError("--register needs the daemon's URL and token: set TRAINYARD_URL and TRAINYARD_TOKEN")
-    return str(url), str(token)
+    from scheduler import client as client_module
+
+    return client_module.load_settings()

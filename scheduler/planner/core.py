@@ -1,0 +1,342 @@
+"""One planner pass: order pending jobs, gate them (held, stopped, dependency, array, quota),
+place gangs, reserve for the top blocked job (EASY backfill), and preempt where a policy allows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .backfill import Releases, reserve
+from .dependencies import NEVER, WAITING, dependency_status, is_singleton
+from .placement import INF, ClusterState, eligibility
+from .policy import PolicyConfig
+from .preemption import VictimIndex, choose_victims
+from .priority import attained, las_level, order_key
+from .quota import QuotaBook, job_gpus
+from .types import (
+    ARRAY_TASK_LIMIT,
+    BAD_CONSTRAINT,
+    DEPENDENCY,
+    DEPENDENCY_NEVER_SATISFIED,
+    HELD,
+    PRIORITY,
+    QUEUE_STOPPED,
+    QUOTA_LIMIT,
+    RESOURCES,
+    Decisions,
+    JobView,
+    Preempt,
+    Snapshot,
+    Start,
+    Wait,
+)
+
+DEFAULT_POLICY = PolicyConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRules:
+    open: bool
+    default_limit: float | None
+    max_limit: float | None
+    selector: tuple
+
+
+def _queue_rules(snapshot: Snapshot, policy: PolicyConfig, name: str) -> QueueRules:
+    qp = policy.queue(name)
+    qv = snapshot.queues.get(name)
+    default = qv.default_time_limit_s if qv is not None else None
+    if default is None:
+        default = qp.default_time_limit_s
+    if default is None:
+        default = policy.default_time_limit_s
+    max_limit = qv.max_time_limit_s if qv is not None else None
+    if max_limit is None:
+        max_limit = qp.max_time_limit_s
+    return QueueRules(qv.open if qv is not None else qp.open, default, max_limit,
+                      qp.node_selector)
+
+
+def time_limit(job: JobView, rules: QueueRules) -> float | None:
+    """The job's own limit, else its queue's default; never above the queue's maximum."""
+    limit = job.time_limit_s if job.time_limit_s is not None else rules.default_limit
+    if limit is not None and rules.max_limit is not None:
+        limit = min(limit, rules.max_limit)
+    return limit
+
+
+def plan(snapshot: Snapshot, now: float, policy: PolicyConfig | None = None) -> Decisions:
+    """Decide which pending jobs start now, which running jobs are preempted, and why the rest
+    wait. Pure: no I/O, no clock reads; the same snapshot, time and policy give the same answer.
+    """
+    return _Pass(snapshot, now, policy or DEFAULT_POLICY).run()
+
+
+class _Pass:
+    def __init__(self, snapshot: Snapshot, now: float, policy: PolicyConfig):
+        self.s = snapshot
+        self.now = now
+        self.policy = policy
+        self.d = Decisions()
+        self.team_of = policy.team_of
+        self.state = ClusterState(snapshot.nodes, snapshot.running)
+        self.rules: dict[str, QueueRules] = {}
+        self.releases: Releases | None = None
+        self.started: list[tuple[float, tuple, bool]] = []  # (end, allocation, exclusive)
+        self.quota = QuotaBook(policy, snapshot.running, self.team_of) if policy.teams else None
+        self.victims: VictimIndex | None = None
+        self.claimed: set[int] = set()
+        self.preemptors = 0
+        self.soon: dict[str, int] | None = None  # GPUs on their way back from preempted jobs
+        self.levels: dict[int, int] = {}
+        self.verdicts: dict[tuple, dict[int, bool]] = {}
+
+    def queue_rules(self, name: str) -> QueueRules:
+        r = self.rules.get(name)
+        if r is None:
+            r = self.rules[name] = _queue_rules(self.s, self.policy, name)
+        return r
+
+    def expected_end(self, job: JobView) -> float:
+        limit = time_limit(job, self.queue_rules(job.queue))
+        end = INF if limit is None or job.start_time is None else job.start_time + limit
+        if job.preempted_at is not None:
+            end = min(end, job.preempted_at + self.policy.grace_for(job))
+        return max(end, self.now)
+
+    def get_releases(self) -> Releases:
+        if self.releases is None:
+            r = Releases()
+            events = []
+            for job in self.s.running:
+                end = self.expected_end(job)
+                if end == INF:
+                    continue
+                for name, gpus in job.allocation:
+                    n = len(gpus) + (self.state.hidden.get(name, 0) if job.exclusive else 0)
+                    events.append((end, name, n))
+            for end, allocation, _exclusive in self.started:
+                if end == INF:
+                    continue
+                for name, gpus in allocation:
+                    events.append((end, name, len(gpus)))
+            r.extend_sorted(events)
+            self.releases = r
+        return self.releases
+
+    def wait(self, job: JobView, reason: str, detail: str = "", estimate: float | None = None):
+        self.d.waits.append(Wait(job.id, reason, estimate, detail))
+
+    def run(self) -> Decisions:
+        s, now, policy, state = self.s, self.now, self.policy, self.state
+        cluster_gpus = sum(n.gpus_total for n in s.nodes if n.schedulable)
+        key = order_key(policy, s.queues, now, s.usage, cluster_gpus, s.pending, self.team_of)
+        order = sorted(s.pending, key=key)
+
+        running_ids = {j.id for j in s.running}
+        singletons = {(j.user, j.name) for j in s.running}
+        array_running = Counter(j.array_parent for j in s.running if j.array_parent is not None)
+        strict = not policy.backfill and policy.queueing == "strict"
+        held_up: dict[str, int] = {}  # queue -> its top blocked job (that got no remedy)
+        unpromised: set[str] = set()  # queues whose top job got no reservation: hold them
+        never: dict[tuple, bool] = {}
+        plain_keys: dict[str, tuple] = {}  # queue -> eligibility of jobs with no constraints
+        failed: dict[tuple, int] = {}  # placement shape -> state.version when it last failed
+        topology = policy.topology_keys
+
+        for job in order:
+            rules = self.queue_rules(job.queue)
+            if job.held:
+                self.wait(job, HELD, "held by a user or operator")
+                continue
+            if not rules.open:
+                self.wait(job, QUEUE_STOPPED, f"queue {job.queue} is stopped")
+                continue
+            if job.dependency:
+                status, detail = dependency_status(job, s.finished, running_ids)
+                if status == NEVER:
+                    self.d.cancels.append(Wait(job.id, DEPENDENCY_NEVER_SATISFIED, None, detail))
+                    continue
+                if status == WAITING:
+                    self.wait(job, DEPENDENCY, detail)
+                    continue
+                if is_singleton(job) and (job.user, job.name) in singletons:
+                    self.wait(job, DEPENDENCY,
+                              f"singleton: a job named {job.name!r} of {job.user} is running")
+                    continue
+            parent = job.array_parent
+            if parent is not None and job.array_limit and array_running[parent] >= job.array_limit:
+                self.wait(job, ARRAY_TASK_LIMIT,
+                          f"array {parent} already runs {array_running[parent]} of at most "
+                          f"{job.array_limit} tasks at once")
+                continue
+            if job.constraint or job.gpu_type:
+                ekey = eligibility(job, rules.selector)
+            else:
+                ekey = plain_keys.get(job.queue)
+                if ekey is None:
+                    ekey = plain_keys[job.queue] = eligibility(job, rules.selector)
+            pool = state.pool(ekey)
+            shape = (ekey, job.gpus, job.nodes, job.exclusive)
+            ok = never.get(shape)
+            if ok is None:
+                ok = never[shape] = pool.could_ever_fit(job.gpus, job.nodes)
+            if not ok:
+                self.wait(job, BAD_CONSTRAINT,
+                          f"no {job.nodes} schedulable node(s) with {job.gpus} GPUs match "
+                          f"queue {job.queue}'s nodes, --gpu-type and --constraint")
+                continue
+            if job.queue in unpromised or (strict and job.queue in held_up):
+                self.wait(job, PRIORITY, f"queue {job.queue} waits for job {held_up[job.queue]} first")
+                continue
+            limit = time_limit(job, rules)
+            end = INF if limit is None else now + limit
+            team = self.team_of(job)
+            gpus = job_gpus(job)
+            reclaim = 0
+            if self.quota is not None:
+                adm = self.quota.admit(team, gpus)
+                if not adm.ok:
+                    self.wait(job, QUOTA_LIMIT, adm.detail)
+                    continue
+                reclaim = adm.reclaim
+
+            allocation = None
+            if reclaim == 0:
+                mkey = (shape, job.cpus, job.mem_mb, state.crossings(end))
+                if failed.get(mkey) != state.version:
+                    allocation = state.place(job, pool, end, topology)
+                    if allocation is None:
+                        failed[mkey] = state.version
+            if allocation is not None:
+                backfilled = bool(state.reservation_times)
+                state.take(job, allocation, end)
+                self.started.append((end, allocation, job.exclusive))
+                if self.releases is not None and end != INF:
+                    for name, g in allocation:
+                        self.releases.add(end, ((name, g),), False, state)
+                if self.quota is not None:
+                    self.quota.add(team, gpus)
+                singletons.add((job.user, job.name))
+                if parent is not None:
+                    array_running[parent] += 1
+                if backfilled:
+                    self.d.starts.append(Start(job.id, allocation, "backfill",
+                                               "starts without delaying any reserved job"))
+                else:
+                    self.d.starts.append(Start(job.id, allocation, "priority"))
+                continue
+
+            if job.queue in held_up:
+                self.wait(job, PRIORITY, f"queue {job.queue} waits for job {held_up[job.queue]} first")
+                continue
+            if policy.preemption and self.try_preempt(job, pool, team, reclaim):
+                continue
+            if reclaim:
+                self.wait(job, QUOTA_LIMIT, f"waiting for GPUs lent in the cohort to come back "
+                                            f"({reclaim} GPUs); preemption is off")
+                continue
+            held_up[job.queue] = job.id
+            estimate = None
+            if policy.backfill:
+                res = reserve(job, pool, state, self.get_releases(), now)
+                if res is not None:
+                    estimate = res.start
+                else:  # nothing can be promised, so backfill could starve it: hold the queue
+                    unpromised.add(job.queue)
+            self.wait(job, RESOURCES, "waiting for GPUs" if estimate is None else
+                      f"reserved {job.nodes} node(s) from the estimated start", estimate)
+        return self.d
+
+    def try_preempt(self, job: JobView, pool, team: str, reclaim: int) -> bool:
+        """Preempt for `job` if a policy allows; True when the job now waits for its victims."""
+        policy, now = self.policy, self.now
+        tiers = set(policy.queue(job.queue).preempts)
+        las = policy.order == "las"
+        quota = self.quota
+        cohort = quota.cohort_of(team) if quota is not None else None
+        within_nominal = False
+        if cohort is not None:
+            t = policy.teams[team]
+            within_nominal = quota.usage.get(team, 0) + job_gpus(job) <= (t.nominal_gpus or 0)
+        reclaiming = within_nominal and any(
+            quota.is_borrowing(t.name) for t in quota.cohorts.get(cohort, ()) if t.name != team
+        )
+        if not (tiers or las or reclaiming):
+            return False
+        if self.preemptors >= policy.max_preemptors_per_pass:
+            return False
+        self.preemptors += 1
+        thresholds = policy.las_thresholds_gpu_s
+        level = las_level(job.attained_gpu_s, thresholds) if las else 0
+        levels = self.levels
+
+        def level_of(v: JobView) -> int:
+            lv = levels.get(v.id)
+            if lv is None:
+                lv = levels[v.id] = las_level(attained(v, now), thresholds)
+            return lv
+
+        def borrower(v: JobView) -> bool:
+            vt = self.team_of(v)
+            return vt != team and quota.cohort_of(vt) == cohort and quota.is_borrowing(vt)
+
+        # whether v may be evicted depends only on the preemptor's kind: cache it per kind
+        # (quota borrowing changes as victims are claimed, so that part is checked live)
+        verdicts = self.verdicts.setdefault((job.queue, level), {})
+        claimed = self.claimed
+
+        def may_preempt(v: JobView) -> bool:
+            if v.id in claimed or not v.preemptible or v.preempted_at is not None:
+                return False
+            ok = verdicts.get(v.id)
+            if ok is None:
+                ok = verdicts[v.id] = v.queue in tiers or (las and level_of(v) > level)
+            return ok or (reclaiming and borrower(v))
+
+        if self.victims is None:
+            # under LAS, evict the most-served jobs first
+            self.victims = VictimIndex(
+                [v for v in self.s.running if v.preemptible and v.preempted_at is None], now,
+                (lambda v: -level_of(v)) if las else None)
+        if self.soon is None:
+            self.soon = {}
+            for v in self.s.running:
+                if v.preempted_at is not None:
+                    for name, g in v.allocation:
+                        self.soon[name] = self.soon.get(name, 0) + len(g)
+        soon = self.soon
+        reclaim_pool = [v for v in self.s.running if reclaiming and may_preempt(v) and borrower(v)]
+        victims = choose_victims(
+            job, pool, self.state, self.victims, soon, may_preempt,
+            reclaim=reclaim, reclaim_value=lambda v: job_gpus(v) if borrower(v) else 0,
+            reclaim_pool=reclaim_pool,
+        )
+        if victims is None:
+            return False
+        deadline = now
+        for v in victims:
+            self.claimed.add(v.id)
+            grace = policy.grace_for(v)
+            deadline = max(deadline, now + grace)
+            if v.queue in tiers:
+                why = f"preempted for job {job.id} (queue {job.queue} preempts queue {v.queue})"
+            elif las and level_of(v) > level:
+                why = (f"preempted for job {job.id}: it has had less GPU time "
+                       f"({job.attained_gpu_s / 3600:.1f} vs {attained(v, now) / 3600:.1f} GPU-hours)")
+            else:
+                why = (f"preempted for job {job.id}: team {team} reclaims GPUs lent to "
+                       f"team {self.team_of(v)}")
+            self.d.preempts.append(Preempt(v.id, why, grace, job.id))
+            if quota is not None:
+                quota.add(self.team_of(v), -job_gpus(v))
+        if victims:
+            self.wait(job, RESOURCES, f"preempting job(s) {', '.join(str(v.id) for v in victims)}",
+                      deadline)
+            return True
+        # enough GPUs are already on their way back from earlier preemptions
+        pending = [v for v in self.s.running if v.preempted_at is not None]
+        eta = max((self.expected_end(v) for v in pending), default=now)
+        self.wait(job, RESOURCES, "waiting for preempted jobs to leave", eta)
+        return True

@@ -1,0 +1,204 @@
+"""Gang placement: all-or-nothing, best fit, topology-aware, over free GPUs indexed by count."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from .types import JobView, NodeView
+
+INF = math.inf
+
+
+def eligibility(job: JobView, selector: Mapping[str, str]) -> tuple:
+    """The key of the node set a job may use: its GPU type and label constraints (queue's too)."""
+    labels = dict(selector)
+    labels.update(job.constraint)
+    return ((job.gpu_type or "").lower(), tuple(sorted(labels.items())))
+
+
+def node_matches(node: NodeView, key: tuple) -> bool:
+    gpu_type, labels = key
+    if not node.schedulable:
+        return False
+    if gpu_type and gpu_type not in node.gpu_model.lower():
+        return False
+    return all(node.labels.get(k) == v for k, v in labels)
+
+
+class Pool:
+    """The nodes one kind of job may use, bucketed by their number of free GPUs (best fit)."""
+
+    __slots__ = ("names", "buckets", "capacity")
+
+    def __init__(self, names: list[str], free: Mapping[str, list[int]], totals: Mapping[str, int]):
+        self.names = names
+        top = max((totals[n] for n in names), default=0)
+        self.buckets: list[dict[str, None]] = [{} for _ in range(top + 1)]
+        for n in names:
+            self.buckets[len(free[n])][n] = None
+        # capacity[g]: how many of these nodes have at least g GPUs in total
+        hist = [0] * (top + 2)
+        for n in names:
+            hist[totals[n]] += 1
+        for g in range(top, -1, -1):
+            hist[g] += hist[g + 1]
+        self.capacity = hist[: top + 1]
+
+    def count_at_least(self, g: int) -> int:
+        b = self.buckets
+        return sum(len(b[i]) for i in range(g, len(b))) if g < len(b) else 0
+
+    def could_ever_fit(self, g: int, k: int) -> bool:
+        return g < len(self.capacity) and self.capacity[g] >= k
+
+    def move(self, name: str, old: int, new: int) -> None:
+        del self.buckets[old][name]
+        self.buckets[new][name] = None
+
+
+class ClusterState:
+    """What is free during one planner pass, updated as the pass hands out allocations.
+
+    Also holds backfill reservations: on a reserved node, a job that would still run at the
+    reservation's start may use only the GPUs the reservation leaves spare.
+    """
+
+    def __init__(self, nodes: Sequence[NodeView], running: Sequence[JobView]):
+        self.nodes = {n.name: n for n in nodes}
+        self.totals = {n.name: n.gpus_total for n in nodes}
+        self.free: dict[str, list[int]] = {}
+        self.cpus: dict[str, int] = {}
+        self.mem: dict[str, int] = {}
+        blocked = {name for j in running if j.exclusive for name, _ in j.allocation}
+        self.occupied = {name for j in running for name, _ in j.allocation}
+        self.hidden: dict[str, int] = {}  # free GPUs behind an exclusive job, back when it ends
+        for n in nodes:
+            free = sorted(n.free_gpus) if n.schedulable else []
+            if n.name in blocked:
+                self.hidden[n.name] = len(free)
+                free = []
+            self.free[n.name] = free
+            self.cpus[n.name] = n.cpus_free
+            self.mem[n.name] = n.mem_free_mb
+        self._pools: dict[tuple, Pool] = {}
+        self._node_pools: dict[str, list[Pool]] = {n.name: [] for n in nodes}
+        # node -> [[reservation start, spare GPUs, job id], ...]
+        self.reserved: dict[str, list[list]] = {}
+        self.reserved_need: dict[str, int] = {}
+        self.reservation_times: list[float] = []
+        self.version = 0  # bumps whenever an allocation or reservation changes what fits
+
+    def pool(self, key: tuple) -> Pool:
+        p = self._pools.get(key)
+        if p is None:
+            names = [n.name for n in self.nodes.values() if node_matches(n, key)]
+            p = Pool(names, self.free, self.totals)
+            self._pools[key] = p
+            for name in names:
+                self._node_pools[name].append(p)
+        return p
+
+    def crossings(self, end: float) -> int:
+        """How many reservations a job ending at `end` would still be running into."""
+        return sum(1 for t in self.reservation_times if end > t)
+
+    def usable(self, name: str, end: float) -> int:
+        """GPUs on `name` a job ending at `end` may take without delaying a reservation."""
+        n = len(self.free[name])
+        for t, spare, _ in self.reserved.get(name, ()):
+            if end > t and spare < n:
+                n = spare
+        return n
+
+    def _fits_node(self, name: str, job: JobView, end: float) -> bool:
+        node = self.nodes[name]
+        if job.exclusive:
+            if name in self.occupied or len(self.free[name]) < node.gpus_total:
+                return False
+            if name in self.reserved and self.usable(name, end) < node.gpus_total:
+                return False
+            if any(end > t for t, _, _ in self.reserved.get(name, ())):
+                return False
+        elif self.usable(name, end) < job.gpus:
+            return False
+        if job.cpus and node.cpus_total and self.cpus[name] < job.cpus:
+            return False
+        return not (job.mem_mb and node.mem_total_mb and self.mem[name] < job.mem_mb)
+
+    def candidates(self, job: JobView, pool: Pool, end: float, limit: int | None):
+        """Nodes that can host one member of the gang now, fullest first (best fit)."""
+        out: list[str] = []
+        need = job.gpus
+        for i in range(need, len(pool.buckets)):
+            for name in pool.buckets[i]:
+                if self._fits_node(name, job, end):
+                    out.append(name)
+                    if limit is not None and len(out) >= limit:
+                        return out
+        return out
+
+    def place(self, job: JobView, pool: Pool, end: float, topology_keys: Sequence[str]):
+        """An allocation ((node, (gpu, ...)), ...) for the whole gang, or None if it cannot start."""
+        k = job.nodes
+        if pool.count_at_least(job.gpus) < k:
+            return None
+        single = k == 1
+        cands = self.candidates(job, pool, end, 1 if single else None)
+        if len(cands) < k:
+            return None
+        chosen = cands if single else choose_gang(cands, k, self.nodes, topology_keys)
+        return tuple((name, tuple(self.free[name][: job.gpus])) for name in chosen)
+
+    def take(self, job: JobView, allocation, end: float) -> None:
+        for name, gpus in allocation:
+            old = len(self.free[name])
+            if job.exclusive:
+                self.hidden[name] = old - len(gpus)
+                new_free: list[int] = []
+            else:
+                taken = set(gpus)
+                new_free = [g for g in self.free[name] if g not in taken]
+            self.free[name] = new_free
+            self.cpus[name] -= job.cpus
+            self.mem[name] -= job.mem_mb
+            self.occupied.add(name)
+            for p in self._node_pools[name]:
+                p.move(name, old, len(new_free))
+            for entry in self.reserved.get(name, ()):
+                if end > entry[0]:
+                    entry[1] -= old - len(new_free)
+        self.version += 1
+
+    def reserve(self, job_id: int, start: float, need: Mapping[str, int], spare: Mapping[str, int]):
+        for name, n in need.items():
+            self.reserved.setdefault(name, []).append([start, spare[name], job_id])
+            self.reserved_need[name] = self.reserved_need.get(name, 0) + n
+        self.reservation_times.append(start)
+        self.version += 1
+
+
+def choose_gang(cands: list[str], k: int, nodes: Mapping[str, NodeView],
+                topology_keys: Sequence[str]) -> list[str]:
+    """k nodes out of `cands` (best fit first), packed under one switch or rack when possible."""
+    for key in topology_keys:
+        groups: dict[str, list[str]] = {}
+        for name in cands:
+            value = nodes[name].labels.get(key)
+            if value is not None:
+                groups.setdefault(value, []).append(name)
+        fitting = [(len(members), value) for value, members in groups.items() if len(members) >= k]
+        if fitting:
+            _, value = min(fitting)  # the tightest group that holds the whole gang
+            return groups[value][:k]
+    for key in topology_keys:  # no single group holds it: span as few groups as possible
+        groups = {}
+        for name in cands:
+            groups.setdefault(nodes[name].labels.get(key, ""), []).append(name)
+        if len(groups) > 1 or "" not in groups:
+            out: list[str] = []
+            for _, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+                out.extend(members[: k - len(out)])
+                if len(out) == k:
+                    return out
+    return cands[:k]

@@ -1,0 +1,109 @@
+"""Team quotas in Kueue's sense: nominal GPUs per team, borrowing and lending inside a cohort.
+
+Each team's nominal quota splits into a guaranteed part (nominal - lending limit) that only
+the team may use and a lendable part that goes into its cohort's pool. A team uses the pool
+for whatever it runs beyond its guaranteed part; it may go beyond its nominal quota
+(borrow) up to its borrowing limit while the pool has room. A team asking for GPUs within
+its nominal quota always gets them: if borrowers hold them, they are reclaimed by preemption.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .policy import PolicyConfig, TeamQuota
+from .types import JobView
+
+UNLIMITED = 1 << 60
+
+
+def job_gpus(job: JobView) -> int:
+    return job.gpus * job.nodes
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    ok: bool
+    detail: str = ""
+    reclaim: int = 0  # GPUs of borrowing the cohort must give back before this job may run
+
+
+class QuotaBook:
+    """GPU usage per team during one planner pass, checked against the configured quotas."""
+
+    def __init__(self, policy: PolicyConfig, running: Iterable[JobView],
+                 team_of: Callable[[JobView], str]):
+        self.teams = policy.teams
+        self.usage: dict[str, int] = {}
+        for job in running:
+            if job.preempted_at is None:  # a job being preempted gives its quota back now
+                t = team_of(job)
+                self.usage[t] = self.usage.get(t, 0) + job_gpus(job)
+        self.cohorts: dict[str, list[TeamQuota]] = {}
+        for t in self.teams.values():
+            if t.nominal_gpus is not None and t.cohort:
+                self.cohorts.setdefault(t.cohort, []).append(t)
+
+    @staticmethod
+    def lendable(t: TeamQuota) -> int:
+        nominal = t.nominal_gpus or 0
+        return nominal if t.lending_limit_gpus is None else min(t.lending_limit_gpus, nominal)
+
+    def pool_used(self, cohort: str, extra_team: str = "", extra: int = 0) -> int:
+        used = 0
+        for t in self.cohorts[cohort]:
+            u = self.usage.get(t.name, 0) + (extra if t.name == extra_team else 0)
+            used += max(0, u - ((t.nominal_gpus or 0) - self.lendable(t)))
+        return used
+
+    def pool_size(self, cohort: str) -> int:
+        return sum(self.lendable(t) for t in self.cohorts[cohort])
+
+    def admit(self, team: str, gpus: int) -> Admission:
+        t = self.teams.get(team)
+        if t is None or t.nominal_gpus is None:
+            return Admission(True)
+        used = self.usage.get(team, 0)
+        after = used + gpus
+        nominal = t.nominal_gpus
+        if not t.cohort:
+            if after <= nominal:
+                return Admission(True)
+            return Admission(
+                False, f"team {team} uses {used} of its {nominal} nominal GPUs and has no cohort to borrow from"
+            )
+        borrow_limit = UNLIMITED if t.borrowing_limit_gpus is None else t.borrowing_limit_gpus
+        if after > nominal + borrow_limit:
+            return Admission(
+                False,
+                f"team {team} uses {used} GPUs; {gpus} more would pass its nominal {nominal} "
+                f"+ borrowing limit {borrow_limit}",
+            )
+        over = self.pool_used(t.cohort, team, gpus) - self.pool_size(t.cohort)
+        if over <= 0:
+            return Admission(True)
+        if after <= nominal:
+            return Admission(True, f"reclaiming {over} GPUs lent in cohort {t.cohort}", reclaim=over)
+        return Admission(
+            False,
+            f"cohort {t.cohort} has no unused quota to lend to team {team} "
+            f"(it uses {used} of its {nominal} nominal GPUs)",
+        )
+
+    def is_borrowing(self, team: str) -> bool:
+        t = self.teams.get(team)
+        return bool(t and t.nominal_gpus is not None and self.usage.get(team, 0) > t.nominal_gpus)
+
+    def cohort_of(self, team: str) -> str | None:
+        t = self.teams.get(team)
+        return t.cohort if t and t.nominal_gpus is not None else None
+
+    def borrowed_by(self, team: str) -> int:
+        t = self.teams.get(team)
+        if t is None or t.nominal_gpus is None:
+            return 0
+        return max(0, self.usage.get(team, 0) - t.nominal_gpus)
+
+    def add(self, team: str, gpus: int) -> None:
+        self.usage[team] = self.usage.get(team, 0) + gpus

@@ -1,0 +1,583 @@
+"""`trainyard simulate`: replay a job trace through the planner in simulated time (discrete events)."""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+
+import click
+
+from scheduler.planner import JobView, NodeView, PolicyConfig, QueuePolicy, Snapshot, plan
+from scheduler.planner.fairshare import UsageLedger
+from scheduler.planner.policy import PRESETS
+
+DEFAULT_QUEUE = "default"
+PHILLY_COLUMNS = {"timestamp", "duration", "num_gpus", "cluster"}
+GENERIC_COLUMNS = {"submit_time", "duration", "gpus"}
+
+
+# --- trace ----------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class TraceJob:
+    """One job of a trace: when it was submitted, how long it ran, how many GPUs it used."""
+
+    id: int
+    submit: float  # seconds from the first submission
+    duration: float
+    gpus: int
+    vc: str = ""  # the trace's virtual cluster / queue name ("" if none)
+    user: str = ""
+    team: str = ""
+    nodes: int | None = None  # gang size when the trace says so
+
+
+def load_trace(path: str | Path) -> list[TraceJob]:
+    """Read a Philly CSV (timestamp,duration,num_gpus,gpu_time,cluster) or a generic CSV
+    (submit_time,duration,gpus[,nodes,queue,user,team]); returns jobs sorted by submit time.
+    Ties keep file order, so replays are deterministic."""
+    path = Path(path)
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        cols = set(reader.fieldnames or ())
+        if cols >= PHILLY_COLUMNS:
+            rows = _philly_rows(reader, path)
+        elif cols >= GENERIC_COLUMNS:
+            rows = _generic_rows(reader, path)
+        else:
+            raise click.BadParameter(
+                f"{path}: unknown trace columns {sorted(cols)}; expected Philly's "
+                f"{sorted(PHILLY_COLUMNS)} or {sorted(GENERIC_COLUMNS)} (+ nodes, queue, user, team)",
+                param_hint="--trace",
+            )
+    rows.sort(key=lambda j: (j.submit, j.id))
+    if rows:
+        t0 = rows[0].submit
+        for j in rows:
+            j.submit -= t0
+    return rows
+
+
+def _philly_rows(reader, path: Path) -> list[TraceJob]:
+    out = []
+    for i, row in enumerate(reader, start=1):
+        if not row.get("timestamp"):
+            continue  # the file ends with an empty line
+        try:
+            ts = datetime.strptime(row["timestamp"], "%Y-%m-%d %H:%M:%S").timestamp()
+            out.append(TraceJob(i, ts, float(row["duration"]), int(row["num_gpus"]),
+                                row["cluster"]))
+        except (ValueError, KeyError) as e:
+            raise click.BadParameter(f"{path}, row {i + 1}: {e}", param_hint="--trace") from e
+    return out
+
+
+def _generic_rows(reader, path: Path) -> list[TraceJob]:
+    out = []
+    for i, row in enumerate(reader, start=1):
+        if not row.get("submit_time"):
+            continue
+        try:
+            nodes = int(row["nodes"]) if row.get("nodes") else None
+            out.append(TraceJob(i, float(row["submit_time"]), float(row["duration"]),
+                                int(row["gpus"]), row.get("queue") or "", row.get("user") or "",
+                                row.get("team") or "", nodes))
+        except ValueError as e:
+            raise click.BadParameter(f"{path}, row {i + 1}: {e}", param_hint="--trace") from e
+    return out
+
+
+# --- cluster --------------------------------------------------------------------------------
+
+@dataclass
+class Cluster:
+    nodes: list[NodeView]
+    queues: dict[str, QueuePolicy]  # queue -> its nodes (node_selector)
+    gpus_per_node: int
+    single_queue: bool  # NxG: every job goes to the one queue
+
+    def size(self, queue: str) -> tuple[int, int]:
+        """(nodes, GPUs) that serve `queue`."""
+        sel = self.queues[queue].node_selector
+        ns = [n for n in self.nodes if all(n.labels.get(k) == v for k, v in sel.items())]
+        return len(ns), sum(n.gpus_total for n in ns)
+
+
+def parse_cluster(spec: str, gpus_per_node: int = 8) -> Cluster:
+    """`NxG` (N nodes of G GPUs, one queue) or a CSV of `vc,node num` (a queue per VC)."""
+    text = spec.strip().lower()
+    if "x" in text and not Path(spec).exists():
+        n, _, g = text.partition("x")
+        if not (n.isdigit() and g.isdigit() and int(n) > 0 and int(g) > 0):
+            raise click.BadParameter(f"{spec!r}: expected NxG such as 352x8, or a CSV file",
+                                     param_hint="--cluster")
+        nodes = [NodeView(f"node{i:04d}", int(g), tuple(range(int(g))))
+                 for i in range(int(n))]
+        return Cluster(nodes, {DEFAULT_QUEUE: QueuePolicy(DEFAULT_QUEUE)}, int(g), True)
+    path = Path(spec)
+    if not path.exists():
+        raise click.BadParameter(f"{spec!r}: no such file, and not NxG such as 352x8",
+                                 param_hint="--cluster")
+    nodes: list[NodeView] = []
+    queues: dict[str, QueuePolicy] = {}
+    with path.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if not header or [h.strip().lower() for h in header[:2]] != ["vc", "node num"]:
+            raise click.BadParameter(f"{path}: expected a header 'vc,node num', got {header!r}",
+                                     param_hint="--cluster")
+        for line, row in enumerate(reader, start=2):
+            if not row or not row[0].strip():
+                continue
+            vc = row[0].strip()
+            try:
+                count = int(row[1])
+            except (IndexError, ValueError) as e:
+                raise click.BadParameter(f"{path}, line {line}: node num {row[1:]!r} is not a "
+                                         "whole number", param_hint="--cluster") from e
+            queues[vc] = QueuePolicy(vc, node_selector={"vc": vc})
+            nodes += [NodeView(f"{vc}-{i:03d}", gpus_per_node, tuple(range(gpus_per_node)),
+                               labels={"vc": vc}) for i in range(count)]
+    return Cluster(nodes, queues, gpus_per_node, False)
+
+
+def gang_shape(gpus: int, per_node: int) -> tuple[int, int] | None:
+    """(GPUs per node, nodes) for a job of `gpus` GPUs: one node if it fits, else the fewest
+    equal shares that fit a node (12 GPUs on 8-GPU nodes -> 2 x 6). None if none exists."""
+    if gpus <= per_node:
+        return gpus, 1
+    for k in range(2, gpus + 1):
+        if gpus % k == 0 and gpus // k <= per_node:
+            return gpus // k, k
+    return None
+
+
+# --- the replay -----------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class SimJob:
+    t: TraceJob
+    queue: str
+    user: str
+    team: str
+    gpn: int  # GPUs per node
+    nodes: int
+    remaining: float
+    attained: float = 0.0
+    start: float | None = None
+    first_start: float | None = None
+    end: float | None = None
+    allocation: tuple = ()
+    epoch: int = 0
+    preempted_at: float | None = None
+    preemptions: int = 0
+    view: JobView | None = None
+
+
+@dataclass
+class Partition:
+    """Nodes serving one queue (or the whole cluster): planned independently of the others."""
+
+    names: list[str]
+    free: dict[str, list[int]]
+    views: dict[str, NodeView]
+    pending: dict[int, SimJob] = field(default_factory=dict)
+    running: dict[int, SimJob] = field(default_factory=dict)
+
+
+FINISH, RELEASE = 0, 1
+
+
+class Simulator:
+    def __init__(self, jobs: list[TraceJob], cluster: Cluster, policy: PolicyConfig,
+                 seed: int = 0, users_per_vc: int = 10, estimate_factor: float = 1.0,
+                 progress: Callable[[str], None] | None = None):
+        self.cluster = cluster
+        self.policy = replace(policy, queues={**cluster.queues, **policy.queues})
+        self.estimate_factor = estimate_factor
+        self.progress = progress
+        self.ledger = UsageLedger(self.policy.fairshare_half_life_s)
+        self.use_usage = self.policy.order == "multifactor" and self.policy.weights.fairshare > 0
+        self.skipped_no_queue: dict[str, int] = {}
+        self.skipped_oversize: list[TraceJob] = []
+        self.parts: dict[str, Partition] = {}
+        self.part_of_queue: dict[str, str] = {}
+        for q, qp in cluster.queues.items():
+            names = [n.name for n in cluster.nodes
+                     if all(n.labels.get(k) == v for k, v in qp.node_selector.items())]
+            self.parts[q] = Partition(names, {n: list(range(cluster.gpus_per_node)) for n in names},
+                                      {n.name: n for n in cluster.nodes if n.name in set(names)})
+            self.part_of_queue[q] = q
+        rng = random.Random(seed)
+        # Zipf-like weights: a few heavy users, many light ones, as in real clusters
+        weights = [1.0 / (i + 1) ** 1.2 for i in range(max(1, users_per_vc))]
+        self.jobs: list[SimJob] = []
+        for tj in jobs:
+            queue = DEFAULT_QUEUE if cluster.single_queue else tj.vc
+            if queue not in cluster.queues:
+                self.skipped_no_queue[tj.vc] = self.skipped_no_queue.get(tj.vc, 0) + 1
+                continue
+            if tj.nodes:
+                shape = (tj.gpus // tj.nodes, tj.nodes) if tj.gpus % tj.nodes == 0 else None
+            else:
+                shape = gang_shape(tj.gpus, cluster.gpus_per_node)
+            part = self.parts[queue]
+            if shape is None or shape[0] > cluster.gpus_per_node or shape[1] > len(part.names):
+                self.skipped_oversize.append(tj)
+                continue
+            team = tj.team or tj.vc or DEFAULT_QUEUE
+            user = tj.user or f"{team}-u{rng.choices(range(len(weights)), weights)[0]}"
+            self.jobs.append(SimJob(tj, queue, user, team, shape[0], shape[1],
+                                    max(tj.duration, 0.0)))
+        self.finished_jobs: list[SimJob] = []
+        self.passes = 0
+        self.preemptions = 0
+        self.held_gpu_s = 0.0  # GPU-seconds allocated, including preempted jobs' grace periods
+        self.heap: list = []
+        self.seq = 0
+
+    # JobViews are rebuilt only when a job changes state
+    def pending_view(self, j: SimJob) -> JobView:
+        limit = max(1.0, math.ceil(j.remaining * self.estimate_factor))
+        return JobView(j.t.id, j.user, j.queue, gpus=j.gpn, nodes=j.nodes,
+                       submit_time=j.t.submit, time_limit_s=limit, account=j.team,
+                       attained_gpu_s=j.attained)
+
+    def running_view(self, j: SimJob) -> JobView:
+        return replace(j.view, start_time=j.start, allocation=j.allocation,
+                       preempted_at=j.preempted_at)
+
+    def push(self, when: float, kind: int, j: SimJob) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (when, self.seq, kind, j, j.epoch))
+
+    def node_view(self, part: Partition, name: str) -> NodeView:
+        v = part.views[name]
+        free = tuple(part.free[name])
+        if v.free_gpus != free:  # rebuilt only when its allocations changed
+            v = part.views[name] = NodeView(v.name, v.gpus_total, free, labels=v.labels)
+        return v
+
+    def run(self) -> dict:
+        arrivals = self.jobs
+        i = 0
+        n = len(arrivals)
+        dirty: set[str] = set()
+        wall0 = time.monotonic()
+        last_report = wall0
+        now = 0.0
+        while i < n or self.heap:
+            t_next = arrivals[i].t.submit if i < n else math.inf
+            if self.heap and self.heap[0][0] < t_next:
+                t_next = self.heap[0][0]
+            now = t_next
+            while i < n and arrivals[i].t.submit == now:
+                j = arrivals[i]
+                j.view = self.pending_view(j)
+                self.parts[j.queue].pending[j.t.id] = j
+                dirty.add(j.queue)
+                i += 1
+            while self.heap and self.heap[0][0] == now:
+                _, _, kind, j, epoch = heapq.heappop(self.heap)
+                if epoch != j.epoch:
+                    continue  # stale: the job was preempted since
+                self.leave(j, now, requeue=kind == RELEASE)
+                dirty.add(j.queue)
+            for q in sorted(dirty):
+                self.plan_partition(q, now)
+            dirty.clear()
+            if self.progress and time.monotonic() - last_report > 2.0:
+                last_report = time.monotonic()
+                self.progress(f"simulated day {now / 86400:.1f}: {len(self.finished_jobs)}/{n} "
+                              f"jobs done, {self.passes} planner passes")
+        return self.metrics(time.monotonic() - wall0)
+
+    def leave(self, j: SimJob, now: float, requeue: bool) -> None:
+        part = self.parts[j.queue]
+        for name, gpus in j.allocation:
+            part.free[name] = sorted(part.free[name] + list(gpus))
+        self.held_gpu_s += (now - j.start) * j.gpn * j.nodes
+        del part.running[j.t.id]
+        j.allocation = ()
+        if requeue:  # preempted: back to PENDING with the work it has left
+            j.start = None
+            j.preempted_at = None
+            j.view = self.pending_view(j)
+            part.pending[j.t.id] = j
+            return
+        ran = now - j.start
+        j.attained += ran * j.gpn * j.nodes
+        self.ledger.charge_run(j.user, j.team, j.gpn * j.nodes, j.start, now)
+        j.remaining = 0.0
+        j.end = now
+        self.finished_jobs.append(j)
+
+    def plan_partition(self, q: str, now: float) -> None:
+        part = self.parts[q]
+        if not part.pending:
+            return
+        self.passes += 1
+        running = tuple(j.view for j in part.running.values())
+        usage = {}
+        if self.use_usage:
+            keys = None
+            if not self.cluster.single_queue:
+                # a VC's queue is planned alone and all its jobs share one team (the VC), so
+                # only its users' and its team's usage can change its order
+                keys = {f"user:{j.user}" for j in part.pending.values()}
+                keys.add(f"team:{q}")
+            usage = self.ledger.decayed(now, running, lambda v: v.account, keys)
+        snap = Snapshot(
+            tuple(self.node_view(part, name) for name in part.names),
+            tuple(j.view for j in part.pending.values()),
+            running,
+            usage=usage,
+        )
+        d = plan(snap, now, self.policy)
+        for s in d.starts:
+            j = part.pending.pop(s.job_id)
+            for name, gpus in s.allocation:
+                taken = set(gpus)
+                part.free[name] = [g for g in part.free[name] if g not in taken]
+            j.allocation = s.allocation
+            j.start = now
+            if j.first_start is None:
+                j.first_start = now
+            j.epoch += 1
+            j.view = self.running_view(j)
+            part.running[j.t.id] = j
+            self.push(now + j.remaining, FINISH, j)
+        for p in d.preempts:
+            j = part.running[p.job_id]
+            self.preemptions += 1
+            j.preemptions += 1
+            ran = now - j.start
+            j.preempted_at = now
+            if j.remaining - ran > p.grace_period_s:
+                # SIGTERM: it checkpoints during the grace period (no progress), then leaves
+                j.attained += ran * j.gpn * j.nodes
+                self.ledger.charge_run(j.user, j.team, j.gpn * j.nodes, j.start, now)
+                j.remaining -= ran
+                j.epoch += 1
+                self.push(now + p.grace_period_s, RELEASE, j)
+            # else it has less work left than its grace period and simply finishes
+            j.view = self.running_view(j)
+
+    def metrics(self, wall_s: float) -> dict:
+        done = self.finished_jobs
+        jct = sorted(j.end - j.t.submit for j in done)
+        wait = sorted(max(0.0, j.end - j.t.submit - j.t.duration) for j in done)
+        first_wait = sorted(j.first_start - j.t.submit for j in done)
+        total_gpus = sum(len(p.names) for p in self.parts.values()) * self.cluster.gpus_per_node
+        start = min((j.t.submit for j in self.jobs), default=0.0)
+        makespan = max((j.end for j in done), default=start) - start
+        useful = sum(j.t.duration * j.gpn * j.nodes for j in done)
+        capacity = total_gpus * makespan
+        return {
+            "policy": self.policy.name,
+            "jobs": len(done),
+            "jobs_in_trace": len(self.jobs) + len(self.skipped_oversize)
+            + sum(self.skipped_no_queue.values()),
+            "skipped_oversize": len(self.skipped_oversize),
+            "skipped_no_queue": dict(sorted(self.skipped_no_queue.items())),
+            "avg_jct_s": _mean(jct),
+            "p50_jct_s": _pct(jct, 50),
+            "p99_jct_s": _pct(jct, 99),
+            "avg_wait_s": _mean(wait),
+            "p50_wait_s": _pct(wait, 50),
+            "p99_wait_s": _pct(wait, 99),
+            "avg_first_start_wait_s": _mean(first_wait),
+            "utilization": useful / capacity if capacity else 0.0,
+            "allocated_utilization": self.held_gpu_s / capacity if capacity else 0.0,
+            "makespan_s": makespan,
+            "gpus": total_gpus,
+            "preemptions": self.preemptions,
+            "planner_passes": self.passes,
+            "wall_s": round(wall_s, 2),
+            "_jct": jct,
+            "_wait": wait,
+        }
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _pct(sorted_xs: list[float], p: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_xs:
+        return 0.0
+    k = max(0, math.ceil(p / 100 * len(sorted_xs)) - 1)
+    return sorted_xs[k]
+
+
+def simulate_policy(trace: list[TraceJob], cluster: Cluster, policy: PolicyConfig, seed: int = 0,
+                    users_per_vc: int = 10, estimate_factor: float = 1.0,
+                    progress: Callable[[str], None] | None = None) -> dict:
+    return Simulator(trace, cluster, policy, seed, users_per_vc, estimate_factor, progress).run()
+
+
+# --- output ---------------------------------------------------------------------------------
+
+def _hours(s: float) -> str:
+    return f"{s / 3600:,.2f} h"
+
+
+def render_table(results: list[dict]) -> str:
+    head = ("policy", "jobs", "avg JCT", "p50 JCT", "p99 JCT", "avg wait", "p99 wait",
+            "util", "makespan", "preempt")
+    rows = [head]
+    for r in results:
+        rows.append((r["policy"], f"{r['jobs']:,}", _hours(r["avg_jct_s"]), _hours(r["p50_jct_s"]),
+                     _hours(r["p99_jct_s"]), _hours(r["avg_wait_s"]), _hours(r["p99_wait_s"]),
+                     f"{r['utilization']:.1%}", f"{r['makespan_s'] / 86400:,.1f} d",
+                     f"{r['preemptions']:,}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) if k else c.ljust(w) for k, (c, w) in enumerate(zip(row, widths,
+                                                                                      strict=True)))
+             for row in rows]
+    return "\n".join(lines)
+
+
+def save_plot(results: list[dict], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in results:
+        for ax, key in zip(axes, ("_jct", "_wait"), strict=True):
+            xs = [max(x, 1.0) for x in r[key]]
+            if not xs:
+                continue
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            ax.plot(xs, ys, label=r["policy"])
+    for ax, what in zip(axes, ("job completion time", "queueing delay"), strict=True):
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{what} (s, log scale)")
+        ax.set_ylabel("fraction of jobs")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+HELP = f"""Replay a job trace through trainyard's planner in simulated time.
+
+\b
+A discrete-event loop: arrivals and completions advance a simulated clock (no sleeping);
+at each event time the planner (the same plan() the daemon runs) decides starts and
+preemptions. Reports mean/p50/p99 job completion time (JCT), mean/p99 queueing delay
+(JCT minus run time), GPU utilisation (the trace's GPU-seconds over GPUs x makespan) and
+makespan.
+
+\b
+--trace FILE   Philly's CSV (timestamp,duration,num_gpus,gpu_time,cluster), or a generic CSV
+               with submit_time,duration,gpus and optional nodes,queue,user,team columns.
+--cluster SPEC NxG: N nodes of G GPUs in one queue (e.g. 352x8); or a CSV with a header
+               'vc,node num': one queue per virtual cluster with that many nodes of
+               --gpus-per-node GPUs, only its own jobs on its own nodes. Jobs of a VC missing
+               from the CSV, and jobs larger than their VC, are counted and reported, not run.
+--policy NAME  {", ".join(PRESETS)} (or several, comma-separated, to compare):
+               fifo       submit order, a blocked head holds its queue;
+               backfill   multifactor priority (age, queue) + EASY backfill on time limits;
+               fairshare  multifactor with fair share over decayed usage + EASY backfill;
+               las        least attained service (Tiresias-style discretised LAS, GPU-time
+                          thresholds), preempts more-served jobs; needs no durations.
+
+\b
+Philly has no users: each job gets a synthetic user of its VC (Zipf-distributed, from
+--seed), its team is its VC. Time limits are the true run time x --estimate-factor.
+"""
+
+
+@click.command("simulate", help=HELP)
+@click.option("--trace", "trace_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="trace CSV (Philly's or generic)")
+@click.option("--cluster", "spec", required=True, help="NxG, or a CSV of 'vc,node num'")
+@click.option("--policy", "policy_names", default="backfill", show_default=True,
+              help=f"{', '.join(PRESETS)}; comma-separated to compare several")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
+              help="trainyard.toml whose [scheduler]/[teams] settings override the policy's")
+@click.option("--seed", default=0, show_default=True, help="seed for synthetic users")
+@click.option("--users-per-vc", default=10, show_default=True,
+              help="synthetic users per VC when the trace has none")
+@click.option("--gpus-per-node", default=8, show_default=True,
+              help="GPUs per node for a CSV cluster")
+@click.option("--estimate-factor", default=1.0, show_default=True, type=click.FloatRange(min=1.0),
+              help="time limit = run time x this (1.0: exact estimates)")
+@click.option("--limit", "max_jobs", type=click.IntRange(min=1),
+              help="replay only the first N jobs (by submit time)")
+@click.option("--json", "as_json", is_flag=True, help="print the metrics as JSON")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="write CDFs of JCT and queueing delay to this PNG")
+@click.option("--quiet", is_flag=True, help="no progress on stderr")
+def simulate(trace_path, spec, policy_names, config_path, seed, users_per_vc, gpus_per_node,
+             estimate_factor, max_jobs, as_json, plot_path, quiet):
+    names = [p.strip() for p in policy_names.split(",") if p.strip()]
+    for name in names:
+        if name not in PRESETS:
+            raise click.BadParameter(f"unknown policy {name!r}; choose from {', '.join(PRESETS)}",
+                                     param_hint="--policy")
+    overrides: dict = {}
+    if config_path:
+        import tomllib
+
+        try:
+            doc = tomllib.loads(Path(config_path).read_text())
+            base = PolicyConfig.from_dict(doc)
+        except (tomllib.TOMLDecodeError, ValueError) as e:
+            raise click.BadParameter(f"{config_path}: {e}", param_hint="--config") from e
+        sched = doc.get("scheduler", {})
+        overrides = {k: getattr(base, v) for k, v in _CONFIG_FIELDS.items() if k in sched}
+        if "teams" in doc:
+            overrides["teams"] = base.teams
+    trace = load_trace(trace_path)
+    if max_jobs:
+        trace = trace[:max_jobs]
+    cluster = parse_cluster(spec, gpus_per_node)
+    results = []
+    for name in names:
+        policy = replace(PolicyConfig.preset(name), **overrides)
+        progress = None if quiet else (lambda m, n=name: print(f"[{n}] {m}", file=sys.stderr))
+        r = simulate_policy(trace, cluster, policy, seed, users_per_vc, estimate_factor, progress)
+        if not quiet:
+            print(f"[{name}] done: {r['jobs']:,} jobs in {r['wall_s']:.1f} s", file=sys.stderr)
+        results.append(r)
+    if plot_path:
+        save_plot(results, plot_path, f"{Path(trace_path).name} on {Path(spec).name}")
+    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
+    if as_json:
+        out = public[0] if len(public) == 1 else {r["policy"]: r for r in public}
+        click.echo(json.dumps(out, indent=2))
+        return
+    r0 = public[0]
+    click.echo(f"trace {trace_path}: {r0['jobs_in_trace']:,} jobs; cluster {spec}: "
+               f"{r0['gpus']:,} GPUs")
+    if r0["skipped_oversize"]:
+        click.echo(f"not run: {r0['skipped_oversize']:,} jobs larger than their queue's nodes")
+    if r0["skipped_no_queue"]:
+        missing = ", ".join(f"{vc} ({c})" for vc, c in r0["skipped_no_queue"].items())
+        click.echo(f"not run: jobs of VCs the cluster does not have: {missing}")
+    click.echo(render_table(public))
+
+
+_CONFIG_FIELDS = {
+    "backfill": "backfill", "queueing": "queueing", "preemption": "preemption",
+    "max_preemptors_per_pass": "max_preemptors_per_pass", "grace_period": "grace_period_s",
+    "default_time": "default_time_limit_s", "fairshare_half_life": "fairshare_half_life_s",
+    "priority_weights": "weights", "las_thresholds_gpu_hours": "las_thresholds_gpu_s",
+    "order": "order", "topology_keys": "topology_keys",
+}

@@ -1,0 +1,130 @@
+"""Team quotas with borrowing and lending (Kueue cohorts), and preemption that wastes least."""
+
+from planner_helpers import job, node, reason, running, snap, started, wait_of
+
+from scheduler.planner import PolicyConfig, QueuePolicy, TeamQuota, plan
+
+
+def cohort_policy(**vision):
+    teams = {
+        "vision": TeamQuota("vision", nominal_gpus=8, cohort="research", **vision),
+        "speech": TeamQuota("speech", nominal_gpus=8, cohort="research"),
+    }
+    return PolicyConfig(teams=teams)
+
+
+NODES = [node("n1"), node("n2")]  # 16 GPUs: each team's nominal quota is 8
+
+
+def test_a_team_borrows_unused_quota_from_its_cohort():
+    pending = [job(i, gpus=4, account="speech") for i in range(1, 5)]
+    d = plan(snap(NODES, pending), 0.0, cohort_policy())
+    assert sorted(started(d)) == [1, 2, 3, 4]
+
+
+def test_borrowing_teams_job_is_preempted_when_the_lender_submits_within_its_nominal_quota():
+    # speech borrowed vision's 8 GPUs; vision now asks for 4 of its own
+    run = [running(10, {"n1": 8}, start=0.0, account="speech", user="bob"),
+           running(11, {"n2": 4}, start=0.0, account="speech", user="bob"),
+           running(12, [("n2", (4, 5, 6, 7))], start=500.0, gpus=4, account="speech",
+                   user="bob")]
+    d = plan(snap(NODES, [job(1, gpus=4, account="vision")], run), 1000.0, cohort_policy())
+    assert [p.job_id for p in d.preempts] == [12]  # the youngest: least GPU-time lost
+    p = d.preempts[0]
+    assert p.for_job == 1 and p.grace_period_s == 60.0
+    assert "vision" in p.reason and "speech" in p.reason
+    w = wait_of(d, 1)
+    assert w.reason == "Resources" and w.estimated_start == 1060.0
+
+
+def test_next_pass_waits_for_the_victim_instead_of_preempting_again():
+    run = [running(10, {"n1": 8}, start=0.0, account="speech"),
+           running(11, {"n2": 4}, start=0.0, account="speech"),
+           running(12, [("n2", (4, 5, 6, 7))], start=500.0, gpus=4, account="speech",
+                   preempted_at=1000.0)]
+    d = plan(snap(NODES, [job(1, gpus=4, account="vision")], run), 1010.0, cohort_policy())
+    assert d.preempts == []
+    assert reason(d, 1) == "Resources"
+
+
+def test_a_team_over_its_borrowing_limit_waits_with_quota_limit():
+    run = [running(10, {"n1": 8}, account="vision")]
+    policy = cohort_policy(borrowing_limit_gpus=2)
+    d = plan(snap(NODES, [job(1, gpus=4, account="vision")], run), 0.0, policy)
+    assert started(d) == []
+    w = wait_of(d, 1)
+    assert w.reason == "QuotaLimit" and "borrowing limit 2" in w.detail
+
+
+def test_lending_limit_keeps_part_of_a_quota_for_its_team():
+    # speech lends at most 2 of its 8 GPUs, so vision can reach 10 and no more
+    teams = {"vision": TeamQuota("vision", nominal_gpus=8, cohort="c"),
+             "speech": TeamQuota("speech", nominal_gpus=8, cohort="c", lending_limit_gpus=2)}
+    run = [running(10, {"n1": 8}, account="vision")]
+    pending = [job(1, gpus=2, account="vision"), job(2, gpus=1, account="vision")]
+    d = plan(snap(NODES, pending, run), 0.0, PolicyConfig(teams=teams))
+    assert started(d) == [1]
+    assert reason(d, 2) == "QuotaLimit"
+
+
+def test_team_without_a_cohort_stops_at_its_nominal_quota():
+    policy = PolicyConfig(teams={"vision": TeamQuota("vision", nominal_gpus=4)})
+    d = plan(snap(NODES, [job(1, gpus=4, account="vision"), job(2, gpus=1, account="vision")]),
+             0.0, policy)
+    assert started(d) == [1] and reason(d, 2) == "QuotaLimit"
+
+
+def test_users_listed_in_a_team_are_charged_to_it():
+    policy = PolicyConfig(teams={"vision": TeamQuota("vision", nominal_gpus=2, users=("alice",))})
+    d = plan(snap(NODES, [job(1, gpus=4, user="alice")]), 0.0, policy)
+    assert reason(d, 1) == "QuotaLimit"
+
+
+TIERS = PolicyConfig(queues={"high": QueuePolicy("high", priority=10, preempts=("low",),
+                                                 grace_period_s=30.0),
+                             "low": QueuePolicy("low", grace_period_s=90.0)})
+
+
+def test_high_queue_preempts_the_low_job_that_wastes_least_gpu_time():
+    run = [running(10, {"n1": 8}, start=0.0, queue="low"),       # 8 GPUs x 1000 s
+           running(11, {"n2": 8}, start=900.0, queue="low")]     # 8 GPUs x 100 s
+    d = plan(snap(NODES, [job(1, gpus=8, queue="high")], run), 1000.0, TIERS)
+    assert [(p.job_id, p.grace_period_s) for p in d.preempts] == [(11, 90.0)]
+    assert "queue high preempts queue low" in d.preempts[0].reason
+
+
+def test_preemption_frees_a_whole_gang_or_nothing():
+    run = [running(10, {"n1": 8}, queue="low"), running(11, {"n2": 8}, queue="default")]
+    d = plan(snap(NODES, [job(1, gpus=8, nodes=2, queue="high")], run), 10.0, TIERS)
+    assert d.preempts == []  # the other node's job is not preemptible by queue high
+    assert reason(d, 1) == "Resources"
+
+
+def test_jobs_marked_not_preemptible_are_never_victims():
+    run = [running(10, {"n1": 8}, queue="low", preemptible=False), running(11, {"n2": 8})]
+    d = plan(snap(NODES, [job(1, gpus=8, queue="high")], run), 10.0, TIERS)
+    assert d.preempts == []
+
+
+def test_preemption_switched_off_leaves_running_jobs_alone():
+    run = [running(10, {"n1": 8}, queue="low"), running(11, {"n2": 8}, queue="low")]
+    policy = PolicyConfig(queues=TIERS.queues, preemption=False)
+    d = plan(snap(NODES, [job(1, gpus=8, queue="high")], run), 10.0, policy)
+    assert d.preempts == [] and reason(d, 1) == "Resources"
+
+
+def test_las_preempts_the_job_with_the_most_attained_service_for_a_new_one():
+    policy = PolicyConfig.preset("las")
+    run = [running(10, {"n1": 8}, start=0.0),         # 80 GPU-hours: the last level
+           running(11, {"n2": 8}, start=35_000.0)]    # 2.2 GPU-hours: the middle level
+    d = plan(snap(NODES, [job(1, gpus=8, submit_time=35_900.0)], run), 36_000.0, policy)
+    assert [p.job_id for p in d.preempts] == [10]
+    assert "less GPU time" in d.preempts[0].reason
+
+
+def test_las_runs_the_least_served_job_first():
+    policy = PolicyConfig.preset("las")
+    pending = [job(1, gpus=8, submit_time=0.0, attained_gpu_s=50_000.0),
+               job(2, gpus=8, submit_time=10.0)]
+    d = plan(snap([node("n1")], pending), 100.0, policy)
+    assert started(d) == [2]
