@@ -30,8 +30,10 @@ from .nodes import (
     probe,
     unpin_host_key,
 )
+from .planner import depends_on, parse_array, parse_dependency
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+MAX_ARRAY_TASKS = 10000
 
 
 # ---------------------------------------------------------------------------- request models
@@ -54,6 +56,10 @@ class JobSubmit(Strict):
     retries: int = Field(default=0, ge=0, le=100)
     after: int | str | None = None
     array: str | None = None
+    constraint: dict[str, str] | str | None = None
+    exclusive: bool = False
+    nice: int = Field(default=0, ge=-10000, le=10000)
+    account: str | None = Field(default=None, pattern=NAME_RE)
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     hold: bool = False
@@ -94,17 +100,30 @@ class JobSubmit(Strict):
     @field_validator("after")
     @classmethod
     def _after(cls, v):
+        return None if v is None else parse_dependency(str(v))
+
+    @field_validator("array")
+    @classmethod
+    def _array(cls, v):
         if v is None:
             return None
-        text = str(v).strip()
-        if text.isdigit():
-            return f"afterok:{text}"
-        kind, _, ids = text.partition(":")
-        if kind not in ("after", "afterok", "afterany", "afternotok") or not ids or not all(
-            x.isdigit() for x in ids.split(":")
-        ):
-            raise ValueError(f"after {v!r}: expected a job id, or afterok|afterany|afternotok:ID[:ID...]")
-        return ("afterany" if kind == "after" else kind) + ":" + ids
+        indices, _limit = parse_array(v)
+        if len(indices) > MAX_ARRAY_TASKS:
+            raise ValueError(f"array {v!r} has {len(indices)} tasks; at most {MAX_ARRAY_TASKS} per request")
+        return v
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, v):
+        if v is None or isinstance(v, dict):
+            return v or None
+        out = {}
+        for part in v.split(","):
+            k, sep, val = part.strip().partition("=")
+            if not sep or not k:
+                raise ValueError(f"constraint {v!r}: expected LABEL=VALUE[,LABEL=VALUE...], e.g. rack=r1")
+            out[k] = val
+        return out
 
 
 class JobPatch(Strict):
@@ -155,6 +174,7 @@ def job_json(j: Job) -> dict[str, Any]:
         "nodes": j.nodes, "cpus": j.cpus, "mem": j.mem_mb, "time_limit": j.time_limit_s,
         "priority": j.priority, "retries": j.retries, "failures": j.failures, "attempt": j.attempt,
         "dependency": j.dependency or None, "array_job_id": j.array_parent, "array_task_id": j.array_task_id,
+        "constraint": j.constraint, "exclusive": j.exclusive, "nice": j.nice, "account": j.account or None,
         "env": j.env, "workdir": j.workdir, "submit_time": j.submit_time, "start_time": j.start_time,
         "end_time": j.end_time, "exit_code": j.exit_code, "estimated_start": j.estimated_start,
         "allocation": [{"node": a["node"], "gpus": a["gpus"]} for a in j.allocation],
@@ -305,24 +325,37 @@ def create_app(daemon: Daemon) -> FastAPI:
             if queue.max_time_limit_s and limit and limit > queue.max_time_limit_s:
                 raise HTTPException(422, f"time_limit: {limit}s is over queue {queue.name!r}'s maximum "
                                          f"of {queue.max_time_limit_s}s")
-            if body.after:
-                for dep in body.after.partition(":")[2].split(":"):
-                    if s.get(Job, int(dep)) is None:
-                        raise HTTPException(422, f"after: job {dep} does not exist")
+            for dep in depends_on(body.after or ""):
+                if s.get(Job, dep) is None:
+                    raise HTTPException(422, f"after: job {dep} does not exist")
+            if body.nice < 0:
+                need(p, "operator", "a negative --nice")
             name = body.name or (os.path.basename(body.command[0]) if body.command else "script")
-            job = Job(
-                name=name, user=p.user, queue=queue.name,
-                state=m.HELD if body.hold else m.PENDING, reason="Held" if body.hold else "",
-                command=body.command, script=body.script, gpus=body.gpus, gpu_type=body.gpu_type,
-                nodes=body.nodes, cpus=body.cpus, mem_mb=body.mem or 0, time_limit_s=limit,
-                priority=body.priority, retries=body.retries, dependency=body.after or "",
-                env=body.env, workdir=body.workdir, submit_time=now, eligible_time=now,
-            )
-            s.add(job)
-            s.flush()
+            tasks, limit_tasks = parse_array(body.array) if body.array else ((None,), None)
+            jobs = []
+            for task in tasks:
+                job = Job(
+                    name=name, user=p.user, queue=queue.name,
+                    state=m.HELD if body.hold else m.PENDING, reason="Held" if body.hold else "",
+                    command=body.command, script=body.script, gpus=body.gpus, gpu_type=body.gpu_type,
+                    nodes=body.nodes, cpus=body.cpus, mem_mb=body.mem or 0, time_limit_s=limit,
+                    priority=body.priority, retries=body.retries, dependency=body.after or "",
+                    env=body.env, workdir=body.workdir, submit_time=now, eligible_time=now,
+                    constraint=body.constraint or {}, exclusive=body.exclusive, nice=body.nice,
+                    account=body.account or "", array_task_id=task,
+                    array_limit=limit_tasks if task is not None else None,
+                )
+                if jobs:
+                    job.array_parent = jobs[0].id
+                s.add(job)
+                s.flush()
+                if task is not None and not jobs:
+                    job.array_parent = job.id
+                jobs.append(job)
+            job = jobs[0]
             daemon.record(s, p.user, "job.submit", str(job.id),
-                          {"queue": job.queue, "gpus": job.gpus, "nodes": job.nodes, "state": job.state},
-                          p.address)
+                          {"queue": job.queue, "gpus": job.gpus, "nodes": job.nodes, "state": job.state,
+                           "tasks": len(jobs) if body.array else None}, p.address)
         daemon.wake()
         return job_json(job)
 

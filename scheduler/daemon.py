@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import asyncssh
+from sqlalchemy import bindparam, update
 from sqlmodel import Session, col, func, select
 
 from . import models as m
@@ -19,7 +20,16 @@ from .config import DaemonConfig, client_config_path, write_private
 from .metrics import Metrics
 from .models import Event, Job, Node, Queue, Token
 from .nodes import NodeLink, SshSettings, SshTarget
-from .planner import JobView, NodeView, QueueView, Snapshot, plan
+from .planner import (
+    JobView,
+    NodeView,
+    PolicyConfig,
+    QueueView,
+    Snapshot,
+    UsageLedger,
+    depends_on,
+    plan,
+)
 from .store import init_schema, make_engine
 
 log = logging.getLogger("trainyard.daemon")
@@ -59,6 +69,10 @@ class Daemon:
         self.starting_since: dict[int, float] = {}
         self.subscribers: set[asyncio.Queue] = set()
         self.metrics = Metrics(self)
+        # raises ValueError naming the key for a bad [scheduler]/[queues]/[teams] table
+        self.policy = PolicyConfig.from_dict(config.policy)
+        self.ledger = UsageLedger(self.policy.fairshare_half_life_s)
+        self.last_cycle_s = 0.0
         self.url = ""
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
@@ -79,8 +93,27 @@ class Daemon:
         self.ensure_ssh_key()
         self.known_hosts.touch(mode=0o600, exist_ok=True)
         with self.tx() as s:
-            if s.get(Queue, "default") is None:
-                s.add(Queue(name="default"))
+            wanted = {"default": None, **self.policy.queues}
+            for name, qp in wanted.items():
+                q = s.get(Queue, name) or Queue(name=name)
+                if qp is not None:  # the config file decides a queue's shape; `open` is runtime state
+                    q.priority = qp.priority
+                    q.default_time_limit_s = int(qp.default_time_limit_s) if qp.default_time_limit_s else None
+                    q.max_time_limit_s = int(qp.max_time_limit_s) if qp.max_time_limit_s else None
+                    if not qp.open:
+                        q.open = False
+                s.add(q)
+            self.load_usage(s)
+
+    def load_usage(self, s: Session) -> None:
+        """Rebuild the fair-share ledger from the runs of the last ten half-lives."""
+        since = time.time() - 10 * self.policy.fairshare_half_life_s
+        rows = s.exec(select(Job.user, Job.account, Job.gpus, Job.nodes, Job.start_time, Job.end_time)
+                      .where(col(Job.end_time) > since, col(Job.start_time).is_not(None))
+                      .order_by(col(Job.end_time))).all()
+        for user, account, gpus, nodes, start, end in rows:
+            team = account or self.policy.user_team.get(user, "default")
+            self.ledger.charge_run(user, team, gpus * nodes, start, end)
 
     def ensure_ssh_key(self) -> None:
         if self.key_path.exists():
@@ -359,6 +392,11 @@ class Daemon:
         codes = [rc for n, (rc, _) in sorted(exits.items(), key=lambda kv: nodes.index(kv[0]) if kv[0] in nodes else 0)]
         failed_rc = next((rc for rc in codes if rc not in (0, None)), None)
         job.end_time = end_time or time.time()
+        if job.start_time:
+            gpus = job.gpus * len(nodes)
+            job.attained_gpu_s += gpus * max(0.0, job.end_time - job.start_time)
+            team = job.account or self.policy.user_team.get(job.user, "default")
+            self.ledger.charge_run(job.user, team, gpus, job.start_time, job.end_time)
         job.exit_code = failed_rc if failed_rc is not None else (codes[0] if codes else None)
         reason = ""
         if job.kill_reason == "cancel":
@@ -428,23 +466,35 @@ class Daemon:
         """Ask a running job to stop: SIGTERM now, SIGKILL after the grace period."""
         if job.kill_reason in ("cancel", "timeout") and why != "cancel":
             return
+        if why != "preempt":
+            job.kill_grace_s = None
         job.kill_reason, job.kill_time = why, time.time()
         s.add(job)
         self.signal_job(job, "TERM")
 
     # ------------------------------------------------------------------ scheduling
-    def snapshot(self, s: Session) -> tuple[Snapshot, dict[int, Job]]:
+    # Columns the planner needs, read as plain rows: hydrating ORM objects for thousands of
+    # pending jobs per cycle would cost more than the planning itself.
+    VIEW_COLUMNS = (Job.id, Job.user, Job.queue, Job.name, Job.gpus, Job.nodes, Job.cpus, Job.mem_mb,
+                    Job.gpu_type, Job.priority, Job.submit_time, Job.state, Job.time_limit_s,
+                    Job.start_time, Job.allocation, Job.dependency, Job.constraint, Job.exclusive,
+                    Job.nice, Job.account, Job.array_parent, Job.array_limit, Job.attained_gpu_s,
+                    Job.kill_reason, Job.kill_time, Job.reason, Job.estimated_start)
+
+    def snapshot(self, s: Session, now: float) -> tuple[Snapshot, dict[int, tuple]]:
         nodes = s.exec(select(Node)).all()
-        active = s.exec(select(Job).where(col(Job.state).in_(m.ACTIVE_STATES))).all()
-        waiting = s.exec(select(Job).where(col(Job.state).in_(m.WAITING_STATES))).all()
+        active = [job_view_row(r) for r in s.exec(select(*self.VIEW_COLUMNS)
+                                                   .where(col(Job.state).in_(m.ACTIVE_STATES))).all()]
+        rows = s.exec(select(*self.VIEW_COLUMNS).where(Job.state == m.PENDING)).all()
+        pending = [job_view_row(r) for r in rows]
         used: dict[str, set[int]] = {}
         cpus_used: dict[str, int] = {}
         mem_used: dict[str, int] = {}
         for j in active:
-            for a in j.allocation:
-                used.setdefault(a["node"], set()).update(a["gpus"])
-                cpus_used[a["node"]] = cpus_used.get(a["node"], 0) + j.cpus
-                mem_used[a["node"]] = mem_used.get(a["node"], 0) + j.mem_mb
+            for node, gpus in j.allocation:
+                used.setdefault(node, set()).update(gpus)
+                cpus_used[node] = cpus_used.get(node, 0) + j.cpus
+                mem_used[node] = mem_used.get(node, 0) + j.mem_mb
         node_views = tuple(
             NodeView(
                 name=n.name, gpus_total=n.gpus_total,
@@ -457,50 +507,63 @@ class Daemon:
             for n in nodes
         )
         deps: set[int] = set()
-        for j in waiting:
-            if j.dependency:
-                for clause in j.dependency.split(","):
-                    deps.update(int(x) for x in clause.partition(":")[2].split(":") if x.isdigit())
+        for j in pending:
+            deps.update(depends_on(j.dependency))
         finished = {}
         if deps:
-            rows = s.exec(select(Job.id, Job.state).where(col(Job.id).in_(deps))).all()
-            finished = {i: st for i, st in rows}
+            finished = dict(s.exec(select(Job.id, Job.state).where(col(Job.id).in_(deps))).all())
         queues = {q.name: QueueView(q.name, q.priority, q.open, q.default_time_limit_s, q.max_time_limit_s)
                   for q in s.exec(select(Queue)).all()}
         snap = Snapshot(
-            nodes=node_views,
-            pending=tuple(job_view(j) for j in waiting),
-            running=tuple(job_view(j) for j in active),
-            queues=queues, finished=finished,
+            nodes=node_views, pending=tuple(pending), running=tuple(active), queues=queues,
+            finished=finished, usage=self.ledger.decayed(now, active, self.policy.team_of),
         )
-        return snap, {j.id: j for j in waiting}
+        return snap, {r[0]: r for r in rows}
 
     def schedule_once(self) -> int:
         t0 = time.perf_counter()
         now = time.time()
         started: list[Job] = []
+        preempted: list[Job] = []
         with self.tx() as s:
-            snap, waiting = self.snapshot(s)
+            snap, rows = self.snapshot(s, now)
             if not snap.pending:
+                self.last_cycle_s = time.perf_counter() - t0
                 return 0
-            decisions = plan(snap, now)
+            decisions = plan(snap, now, self.policy)
             for st in decisions.starts:
-                job = waiting[st.job_id]
+                job = s.get(Job, st.job_id)
                 job.allocation = [{"node": n, "gpus": list(g)} for n, g in st.allocation]
                 job.start_time = now
                 job.estimated_start = None
                 self.set_state(s, job, m.STARTING, st.reason, allocation=job.allocation)
                 started.append(job)
+            changed = []
             for w in decisions.waits:
-                job = waiting[w.job_id]
-                if job.reason != w.reason or job.estimated_start != w.estimated_start:
-                    job.reason, job.estimated_start = w.reason, w.estimated_start
-                    s.add(job)
+                row = rows[w.job_id]
+                if row[25] != w.reason or row[26] != w.estimated_start:  # reason, estimated_start
+                    changed.append({"b_id": w.job_id, "b_reason": w.reason, "b_est": w.estimated_start})
+            if changed:
+                t = Job.__table__
+                s.execute(update(t).where(t.c.id == bindparam("b_id"))
+                          .values(reason=bindparam("b_reason"), estimated_start=bindparam("b_est")),
+                          changed)
             for c in decisions.cancels:
-                job = waiting[c.job_id]
+                job = s.get(Job, c.job_id)
                 job.end_time = now
                 self.set_state(s, job, m.CANCELLED, c.reason)
-        self.metrics.schedule_cycle.observe(time.perf_counter() - t0)
+            for p in decisions.preempts:
+                job = s.get(Job, p.job_id)
+                if job is None or job.state not in m.ACTIVE_STATES or job.kill_reason:
+                    continue
+                job.reason = p.reason
+                job.kill_grace_s = p.grace_period_s
+                self.kill(s, job, "preempt")
+                self.record(s, "trainyard", "job.preempt", str(job.id),
+                            {"reason": p.reason, "for_job": p.for_job, "grace_s": p.grace_period_s})
+                preempted.append(job)
+        self.last_cycle_s = time.perf_counter() - t0
+        self.metrics.schedule_cycle.observe(self.last_cycle_s)
         for job in started:
             self.starting_since[job.id] = time.time()
             for a in job.allocation:
@@ -541,12 +604,14 @@ class Daemon:
         while self._running:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.config.schedule_interval_s)
+            # Pace the cycles: a burst of submissions is planned together, and scheduling never
+            # takes more than about half of the event loop's time from the API.
+            await asyncio.sleep(min(0.2, max(0.002, self.last_cycle_s)))
             self._wake.clear()
             try:
                 self.schedule_once()
             except Exception:
                 log.exception("scheduling cycle failed")
-            await asyncio.sleep(0)
 
     # ------------------------------------------------------------------ housekeeping
     async def _housekeeping_loop(self) -> None:
@@ -558,9 +623,9 @@ class Daemon:
                 log.exception("housekeeping failed")
 
     def housekeeping(self, now: float) -> None:
-        grace = self.config.kill_grace_s
         with self.tx() as s:
             for job in s.exec(select(Job).where(col(Job.state).in_(m.ACTIVE_STATES))).all():
+                grace = self.config.kill_grace_s if job.kill_grace_s is None else job.kill_grace_s
                 if job.kill_reason and job.kill_time and now - job.kill_time > grace:
                     job.kill_time = now  # SIGKILL again each grace period until it is gone
                     s.add(job)
@@ -602,13 +667,17 @@ def master_port(job: Job) -> int:
     return 29500 + (job.id * 7 + job.attempt) % 20000
 
 
-def job_view(j: Job) -> JobView:
+def job_view_row(r) -> JobView:
+    """A JobView from one row of Daemon.VIEW_COLUMNS."""
+    (jid, user, queue, name, gpus, nodes, cpus, mem, gpu_type, prio, submit, state, limit, start, alloc,
+     dep, constraint, exclusive, nice, account, parent, alimit, attained, kill_reason, kill_time, _r, _e) = r
     return JobView(
-        id=j.id, user=j.user, queue=j.queue, name=j.name, gpus=j.gpus, nodes=j.nodes, cpus=j.cpus,
-        mem_mb=j.mem_mb, gpu_type=j.gpu_type, priority=j.priority, submit_time=j.submit_time,
-        held=j.state == m.HELD, time_limit_s=j.time_limit_s, start_time=j.start_time,
-        allocation=tuple((a["node"], tuple(a["gpus"])) for a in j.allocation),
-        dependency=j.dependency, array_parent=j.array_parent, array_limit=j.array_limit,
+        id=jid, user=user, queue=queue, name=name, gpus=gpus, nodes=nodes, cpus=cpus, mem_mb=mem,
+        gpu_type=gpu_type, priority=prio, submit_time=submit, held=state == m.HELD, time_limit_s=limit,
+        start_time=start, allocation=tuple((a["node"], tuple(a["gpus"])) for a in alloc or ()),
+        dependency=dep or "", constraint=constraint or {}, exclusive=exclusive, nice=nice, account=account,
+        array_parent=parent, array_limit=alimit, attained_gpu_s=attained,
+        preempted_at=kill_time if kill_reason == "preempt" else None,
     )
 
 

@@ -79,7 +79,12 @@ class Job(SQLModel, table=True):
     retries: int = 0  # how many reruns after a failure are allowed
     attempt: int = 0  # 0 for the first run; +1 per requeue of any kind
     failures: int = 0  # reruns used up by failures (preemption and manual requeues are free)
-    dependency: str = ""
+    dependency: str = ""  # normalised, e.g. "afterok:12:13,singleton"
+    account: str = ""  # team; "" means the team the policy maps the user to
+    nice: int = 0
+    constraint: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    exclusive: bool = False
+    attained_gpu_s: float = 0.0  # GPU-seconds of earlier attempts (least-attained-service)
     array_parent: int | None = None
     array_task_id: int | None = None
     array_limit: int | None = None
@@ -95,6 +100,7 @@ class Job(SQLModel, table=True):
     # why the daemon signalled it: "cancel", "timeout", "preempt", "requeue" (decides the end state)
     kill_reason: str = ""
     kill_time: float | None = None
+    kill_grace_s: float | None = None  # SIGTERM -> SIGKILL; None: the daemon's kill_grace_s
     estimated_start: float | None = None
 
 
