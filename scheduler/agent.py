@@ -2,8 +2,9 @@
 
 Runs on the node under `python3`, uploaded by the daemon over SFTP (DESIGN.md boundary 3).
 Standard library only; pynvml is used when the node has it. The daemon writes one JSON object
-per line on stdin (`launch`, `signal`, `sync`, `forget`, `log`, `ping`); the agent answers on
-stdout (`hello`, `started`, `exited`, `jobs`, `log`, `pong`, `telemetry`, `error`).
+per line on stdin (`launch`, `signal`, `sync`, `forget`, `log`, `watch`, `ping`, and `fault` for
+the demo's simulated GPUs); the agent answers on stdout (`hello`, `started`, `exited`, `jobs`,
+`log`, `pong`, `telemetry`, `fault`, `error`). GPU telemetry and its fields: docs/gpu.md.
 
 Every job runs under a small sh wrapper in its own session, so it survives
 the agent, the SSH link and the daemon. The wrapper writes the job's exit status atomically
@@ -52,81 +53,373 @@ def _write_atomic(path: str, text: str) -> None:
 
 # ---------------------------------------------------------------- GPUs
 
-class Gpus:
-    """The node's GPUs: NVML when present, simulated in the demo, else what was declared."""
+# Every key a GPU's telemetry carries, whatever the source; a field the driver (or the source)
+# cannot tell is present with the value None, never left out and never a crash.
+GPU_FIELDS = (
+    "index", "name", "uuid", "pci_bus_id", "util_gpu", "util_mem", "mem_total_mb", "mem_used_mb",
+    "temp_c", "power_w", "power_limit_w", "sm_clock_mhz",
+    "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "ecc_dbe",
+    "remap_correctable", "remap_uncorrectable", "remap_pending", "remap_failure",
+    "xid", "xid_events", "off_bus", "mig_mode", "mig_instances", "processes", "job_id",
+)
+NVML_LOST = 15       # NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus
+NVML_NOT_FOUND = 6   # NVML_ERROR_NOT_FOUND
+NVML_TIMEOUT = 10    # NVML_ERROR_TIMEOUT: no event waiting
+NVML_GPU_NOT_FOUND = 28
+XID_EVENT = 0x8      # nvmlEventTypeXidCriticalError
+FAULT_KINDS = ("xid", "ecc_dbe", "temp", "off_bus", "clear")
 
-    def __init__(self, declared: int, declared_model: str):
-        self.source = "none"
-        self.nvml = None
-        self.count = 0
-        self.model = declared_model
-        sim = os.environ.get("TRAINYARD_SIM_GPUS")
-        if sim:
-            self.source, self.count = "simulated", int(sim)
-            self.model = os.environ.get("TRAINYARD_SIM_GPU_MODEL", "NVIDIA H100 80GB HBM3")
-            return
-        try:
-            import pynvml  # noqa: PLC0415
 
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            self.count = pynvml.nvmlDeviceGetCount()
-            self.source = "nvml"
-            if self.count:
-                name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-                self.model = name.decode() if isinstance(name, bytes) else name
-        except Exception:  # no pynvml, no driver, or NVML refused: fall back to the declaration
-            self.nvml = None
-            if declared:
-                self.source, self.count = "declared", declared
+class GpuLost(Exception):
+    """NVML said NVML_ERROR_GPU_IS_LOST for this GPU."""
 
-    def describe(self) -> list[dict]:
-        return [{"index": i, "name": self.model} for i in range(self.count)]
 
-    def telemetry(self, busy: dict[int, int]) -> list[dict]:
-        out = []
-        for i in range(self.count):
-            if self.source == "simulated":
-                job = busy.get(i)
-                util = random.randint(85, 100) if job else random.randint(0, 3)
-                out.append({
-                    "index": i, "name": self.model, "uuid": f"GPU-sim-{socket.gethostname()}-{i}",
-                    "util_gpu": util, "util_mem": util // 2,
-                    "mem_total_mb": 81559, "mem_used_mb": 60000 + random.randint(0, 4000) if job else 0,
-                    "temp_c": 60 + util // 5 + random.randint(0, 3), "power_w": 90 + util * 6,
-                    "power_limit_w": 700, "ecc_dbe": 0, "xid": None, "job_id": job,
-                })
-            elif self.source == "nvml":
-                out.append(self._nvml_gpu(i, busy.get(i)))
-            else:
-                out.append({"index": i, "name": self.model, "job_id": busy.get(i)})
-        return out
-
-    def _nvml_gpu(self, i: int, job) -> dict:
-        n = self.nvml
-        g: dict = {"index": i, "job_id": job}
-
-        def guard(key, fn):
-            try:
-                g[key] = fn()
-            except Exception:  # a field this driver does not support is reported missing
-                g[key] = None
-
-        h = n.nvmlDeviceGetHandleByIndex(i)
-        guard("name", lambda: _text(n.nvmlDeviceGetName(h)))
-        guard("uuid", lambda: _text(n.nvmlDeviceGetUUID(h)))
-        guard("util_gpu", lambda: n.nvmlDeviceGetUtilizationRates(h).gpu)
-        guard("util_mem", lambda: n.nvmlDeviceGetUtilizationRates(h).memory)
-        guard("mem_total_mb", lambda: n.nvmlDeviceGetMemoryInfo(h).total // 2**20)
-        guard("mem_used_mb", lambda: n.nvmlDeviceGetMemoryInfo(h).used // 2**20)
-        guard("temp_c", lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
-        guard("power_w", lambda: n.nvmlDeviceGetPowerUsage(h) / 1000)
-        guard("power_limit_w", lambda: n.nvmlDeviceGetEnforcedPowerLimit(h) / 1000)
-        return g
+def _nvml_code(e: BaseException):
+    return getattr(e, "value", None)
 
 
 def _text(v):
     return v.decode() if isinstance(v, bytes) else v
+
+
+def _blank(i: int, name) -> dict:
+    g = dict.fromkeys(GPU_FIELDS)
+    g["index"], g["name"] = i, name
+    return g
+
+
+def _proc_ids(pid: int):
+    """(process group, session) of a process, from /proc/<pid>/stat; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[2]), int(fields[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def job_of_pid(pid: int, job_pids: dict) -> object:
+    """The trainyard job a process belongs to: its group or session leader is a job's pid."""
+    if pid in job_pids:
+        return job_pids[pid]
+    ids = _proc_ids(pid)
+    if ids is None:
+        return None
+    for leader in ids:
+        if leader in job_pids:
+            return job_pids[leader]
+    return None
+
+
+class Gpus:
+    """The node's GPUs: NVML when present, simulated in the demo, else what was declared.
+
+    `source` is "nvml", "simulated", "declared" or "none"; `note` says in words why (for
+    example why NVML was not used), and goes to the daemon in `hello`.
+    """
+
+    def __init__(self, declared: int, declared_model: str, nvml=None):
+        self.source = "none"
+        self.note = ""
+        self.nvml = None
+        self.count = 0
+        self.model = declared_model
+        self.handles: list = []
+        self.names: list = []
+        self.event_sets: dict[int, object] = {}   # GPU index -> its NVML event set (XIDs)
+        self.last_xid: dict[int, int] = {}
+        self.faults: dict[int, dict] = {}         # simulated GPUs only: injected faults
+        sim = os.environ.get("TRAINYARD_SIM_GPUS")
+        if sim:
+            self.source, self.count = "simulated", int(sim)
+            self.model = os.environ.get("TRAINYARD_SIM_GPU_MODEL", "NVIDIA H100 80GB HBM3")
+            self.note = f"{self.count} simulated GPUs (TRAINYARD_SIM_GPUS)"
+            return
+        why = self._init_nvml(nvml)
+        if self.source == "nvml":
+            return
+        if declared:
+            self.source, self.count = "declared", declared
+            self.note = f"{why}; using the {declared} GPUs declared for this node (no telemetry)"
+        else:
+            self.note = f"{why}; no GPUs declared for this node"
+
+    # --- NVML
+    def _init_nvml(self, nvml) -> str:
+        """Start NVML; on failure say why in words (the node then falls back)."""
+        try:
+            if nvml is None:
+                import pynvml as nvml  # noqa: PLC0415
+        except ImportError:
+            return "pynvml (nvidia-ml-py) is not installed"
+        try:
+            nvml.nvmlInit()
+        except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            return f"NVML unavailable: {e}"
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except Exception as e:
+            return f"NVML could not count the GPUs: {e}"
+        self.nvml, self.source, self.count = nvml, "nvml", count
+        for i in range(count):
+            h = self._call(lambda i=i: nvml.nvmlDeviceGetHandleByIndex(i))
+            self.handles.append(h)
+            name = self._call(lambda h=h: _text(nvml.nvmlDeviceGetName(h))) if h is not None else None
+            self.names.append(name)
+            if h is not None:
+                self._register_xid_events(i, h)
+        named = [n for n in self.names if n]
+        if named:
+            self.model = named[0]
+        driver = self._call(lambda: _text(nvml.nvmlSystemGetDriverVersion()))
+        self.note = f"{count} GPUs from NVML" + (f" (driver {driver})" if driver else "")
+        return ""
+
+    @staticmethod
+    def _call(fn):
+        try:
+            return fn()
+        except Exception:
+            return None
+
+    def _register_xid_events(self, i: int, h) -> None:
+        """One event set per GPU, so every XID is known to belong to that GPU."""
+        n = self.nvml
+        try:
+            supported = n.nvmlDeviceGetSupportedEventTypes(h)
+            xid = getattr(n, "nvmlEventTypeXidCriticalError", XID_EVENT)
+            if not supported & xid:
+                return
+            es = n.nvmlEventSetCreate()
+            n.nvmlDeviceRegisterEvents(h, xid, es)
+            self.event_sets[i] = es
+        except Exception:  # no event support (or no permission): XIDs are reported missing
+            return
+
+    def _poll_xids(self, i: int) -> list:
+        """XID codes that arrived since the last poll, without blocking (timeout 0)."""
+        es = self.event_sets.get(i)
+        if es is None:
+            return []
+        n, codes = self.nvml, []
+        xid = getattr(n, "nvmlEventTypeXidCriticalError", XID_EVENT)
+        for _ in range(256):
+            try:
+                data = n.nvmlEventSetWait_v2(es, 0)
+            except Exception as e:
+                if _nvml_code(e) == NVML_LOST:
+                    raise GpuLost() from e
+                break  # NVML_ERROR_TIMEOUT: nothing waiting (or the set broke: try again next time)
+            if data.eventType & xid:
+                codes.append(int(data.eventData))
+        return codes
+
+    def _handle(self, i: int):
+        h = self.handles[i] if i < len(self.handles) else None
+        if h is None:  # not found at start, or lost: ask again (a reset GPU may be back)
+            h = self.nvml.nvmlDeviceGetHandleByIndex(i)
+            self.handles[i] = h
+            if i not in self.event_sets:
+                self._register_xid_events(i, h)
+        return h
+
+    def _nvml_gpu(self, i: int, job, job_pids: dict) -> dict:
+        n = self.nvml
+        g = _blank(i, self.names[i] if i < len(self.names) else None)
+        g["job_id"] = job
+        g["off_bus"] = False
+        try:
+            h = self._handle(i)
+        except Exception as e:
+            code = _nvml_code(e)
+            if code in (NVML_LOST, NVML_NOT_FOUND, NVML_GPU_NOT_FOUND):
+                g["off_bus"] = True
+            g["xid"] = self.last_xid.get(i)
+            g["xid_events"] = []
+            return g
+
+        def guard(key, fn):
+            """Run one NVML query; a field the driver does not support is reported missing."""
+            try:
+                g[key] = fn()
+            except Exception as e:
+                if _nvml_code(e) == NVML_LOST:
+                    raise GpuLost() from e
+                g[key] = None
+
+        try:
+            xids = self._poll_xids(i)
+            if xids:
+                self.last_xid[i] = xids[-1]
+            g["xid_events"] = xids if i in self.event_sets else None
+            g["xid"] = self.last_xid.get(i)
+            guard("name", lambda: _text(n.nvmlDeviceGetName(h)))
+            if g["name"]:
+                self.names[i] = g["name"]
+            guard("uuid", lambda: _text(n.nvmlDeviceGetUUID(h)))
+            guard("pci_bus_id", lambda: _text(n.nvmlDeviceGetPciInfo(h).busId))
+            util = {}
+            guard("util_gpu", lambda: util.setdefault("u", n.nvmlDeviceGetUtilizationRates(h)).gpu)
+            guard("util_mem", lambda: util["u"].memory)
+            mem = {}
+            guard("mem_total_mb", lambda: mem.setdefault("m", n.nvmlDeviceGetMemoryInfo(h)).total // 2**20)
+            guard("mem_used_mb", lambda: mem["m"].used // 2**20)
+            guard("temp_c", lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
+            guard("power_w", lambda: round(n.nvmlDeviceGetPowerUsage(h) / 1000, 1))
+            guard("power_limit_w", lambda: round(n.nvmlDeviceGetEnforcedPowerLimit(h) / 1000, 1))
+            guard("sm_clock_mhz", lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
+            for key, kind, counter in (
+                ("ecc_sbe_volatile", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"),
+                ("ecc_dbe_volatile", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
+                ("ecc_sbe_aggregate", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC"),
+                ("ecc_dbe_aggregate", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC"),
+            ):
+                guard(key, lambda kind=kind, counter=counter: int(n.nvmlDeviceGetTotalEccErrors(
+                    h, getattr(n, kind), getattr(n, counter))))
+            g["ecc_dbe"] = g["ecc_dbe_volatile"]
+            rows = {}
+            guard("remap_correctable", lambda: rows.setdefault("r", n.nvmlDeviceGetRemappedRows(h))[0])
+            guard("remap_uncorrectable", lambda: rows["r"][1])
+            guard("remap_pending", lambda: bool(rows["r"][2]))
+            guard("remap_failure", lambda: bool(rows["r"][3]))
+            guard("mig_mode", lambda: bool(n.nvmlDeviceGetMigMode(h)[0]))
+            if g["mig_mode"]:
+                guard("mig_instances", lambda: self._mig_instances(h))
+            elif g["mig_mode"] is False:
+                g["mig_instances"] = []
+            guard("processes", lambda: self._processes(h, job_pids))
+        except GpuLost:
+            g = _blank(i, g["name"])
+            g.update(job_id=job, off_bus=True, xid=self.last_xid.get(i), xid_events=[])
+            self.handles[i] = None
+            es = self.event_sets.pop(i, None)
+            if es is not None:
+                with contextlib.suppress(Exception):
+                    n.nvmlEventSetFree(es)
+            return g
+        if g["job_id"] is None and g["processes"]:
+            g["job_id"] = next((p["job_id"] for p in g["processes"] if p["job_id"] is not None), None)
+        return g
+
+    def _mig_instances(self, h) -> list:
+        n, out = self.nvml, []
+        for k in range(n.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                mh = n.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+            except Exception as e:
+                if _nvml_code(e) == NVML_LOST:
+                    raise
+                continue  # an empty slot
+            inst = {"index": k, "uuid": None, "mem_total_mb": None, "mem_used_mb": None}
+            with contextlib.suppress(Exception):
+                inst["uuid"] = _text(n.nvmlDeviceGetUUID(mh))
+            with contextlib.suppress(Exception):
+                m = n.nvmlDeviceGetMemoryInfo(mh)
+                inst["mem_total_mb"], inst["mem_used_mb"] = m.total // 2**20, m.used // 2**20
+            out.append(inst)
+        return out
+
+    def _processes(self, h, job_pids: dict) -> list:
+        n, seen, out = self.nvml, set(), []
+        procs = list(n.nvmlDeviceGetComputeRunningProcesses(h))
+        try:
+            procs += list(n.nvmlDeviceGetGraphicsRunningProcesses(h))
+        except Exception as e:
+            if _nvml_code(e) == NVML_LOST:
+                raise
+        for p in procs:
+            pid = int(p.pid)
+            if pid in seen:
+                continue
+            seen.add(pid)
+            used = getattr(p, "usedGpuMemory", None)
+            out.append({"pid": pid, "used_mb": used // 2**20 if used is not None else None,
+                        "job_id": job_of_pid(pid, job_pids)})
+        return out
+
+    # --- what the daemon sees
+    def describe(self) -> list[dict]:
+        """The GPUs this node can allocate (hello): a GPU NVML cannot reach is left out."""
+        if self.source == "nvml":
+            return [{"index": i, "name": self.names[i] or self.model}
+                    for i in range(self.count) if self.handles[i] is not None]
+        if self.source == "simulated":
+            return [{"index": i, "name": self.model} for i in range(self.count)
+                    if not self.faults.get(i, {}).get("off_bus")]
+        return [{"index": i, "name": self.model} for i in range(self.count)]
+
+    def telemetry(self, busy: dict, job_pids: dict | None = None) -> list[dict]:
+        """One dict per GPU (keys: GPU_FIELDS). busy: GPU index -> job id; job_pids: a job's
+        process-group leader pid -> job id (to map the processes NVML sees to jobs)."""
+        job_pids = job_pids or {}
+        out = []
+        for i in range(self.count):
+            if self.source == "nvml":
+                out.append(self._nvml_gpu(i, busy.get(i), job_pids))
+            elif self.source == "simulated":
+                out.append(self._simulated_gpu(i, busy.get(i), job_pids))
+            else:
+                g = _blank(i, self.model)
+                g["job_id"] = busy.get(i)
+                out.append(g)
+        return out
+
+    # --- the demo's GPUs, and the faults an operator injects into them
+    def _simulated_gpu(self, i: int, job, job_pids: dict) -> dict:
+        f = self.faults.get(i, {})
+        g = _blank(i, self.model)
+        g.update(uuid=f"GPU-sim-{os.environ.get('TRAINYARD_SIM_NODE') or socket.gethostname()}-{i}", pci_bus_id=f"00000000:{0x18 + i:02X}:00.0",
+                 job_id=job, off_bus=bool(f.get("off_bus")), xid=f.get("xid"),
+                 xid_events=f.pop("new_xids", []))
+        if g["off_bus"]:
+            return g
+        util = random.randint(85, 100) if job else random.randint(0, 3)
+        used = 60000 + random.randint(0, 4000) if job else 0
+        dbe = int(f.get("ecc_dbe", 0))
+        g.update(
+            util_gpu=util, util_mem=util // 2, mem_total_mb=81559, mem_used_mb=used,
+            temp_c=f["temp"] if "temp" in f else 60 + util // 5 + random.randint(0, 3),
+            power_w=90 + util * 6, power_limit_w=700, sm_clock_mhz=1980 if job else 345,
+            ecc_sbe_volatile=0, ecc_dbe_volatile=dbe, ecc_sbe_aggregate=0, ecc_dbe_aggregate=dbe,
+            ecc_dbe=dbe, remap_correctable=0, remap_uncorrectable=dbe, remap_pending=bool(dbe),
+            remap_failure=False, mig_mode=False, mig_instances=[],
+            processes=[{"pid": pid, "used_mb": used, "job_id": j}
+                       for pid, j in job_pids.items() if job is not None and j == job],
+        )
+        return g
+
+    def fault(self, gpu: int, kind: str, value=None, host: str = "") -> None:
+        """Inject (or clear) a fault on a simulated GPU; ValueError says why not."""
+        host = host or os.environ.get("TRAINYARD_SIM_NODE") or socket.gethostname()
+        if self.source != "simulated":
+            what = {"nvml": "real ones", "declared": "declared ones without telemetry"}.get(
+                self.source, "none")
+            raise ValueError(f"fault injection works only on simulated GPUs; {host} has {what}")
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault {kind!r}; use one of {', '.join(FAULT_KINDS)}")
+        if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu < self.count:
+            raise ValueError(f"{host} has no GPU {gpu!r} (it has {self.count}: 0-{self.count - 1})")
+        f = self.faults.setdefault(gpu, {})
+        if kind == "clear":
+            self.faults.pop(gpu, None)
+        elif kind == "xid":
+            code = _int_value(value, "xid", 1, 1 << 16)
+            f["xid"] = code
+            f.setdefault("new_xids", []).append(code)
+        elif kind == "ecc_dbe":
+            f["ecc_dbe"] = int(f.get("ecc_dbe", 0)) + (1 if value is None else _int_value(value, "ecc_dbe", 1, 1 << 20))
+        elif kind == "temp":
+            f["temp"] = _int_value(value, "temp", 0, 200)
+        elif kind == "off_bus":
+            f["off_bus"] = True
+
+
+def _int_value(value, what: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ValueError(f"fault {what} needs a whole number, not {value!r}")
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"fault {what} value {value} is out of range {lo}-{hi}")
+    return int(value)
 
 
 # ---------------------------------------------------------------- the agent
@@ -334,13 +627,15 @@ class Agent:
         mem_mb = int(os.environ.get("TRAINYARD_SIM_MEM_MB") or mem_mb)
         return {"ev": "hello", "protocol": PROTOCOL, "host": socket.gethostname(), "pid": os.getpid(),
                 "cpus": cpus, "mem_mb": mem_mb, "gpu_source": self.gpus.source,
-                "gpu_model": self.gpus.model, "gpus": self.gpus.describe(), "root": self.root}
+                "gpu_model": self.gpus.model, "gpus": self.gpus.describe(), "gpu_note": self.gpus.note,
+                "root": self.root}
 
     def run(self) -> None:
         self.send(self.hello())
         threading.Thread(target=self.read_stdin, daemon=True).start()
         handlers = {"launch": self.on_launch, "signal": self.on_signal, "sync": self.on_sync,
                     "forget": self.on_forget, "log": self.on_log, "watch": self.on_watch,
+                    "fault": self.on_fault,
                     "ping": lambda m: self.send({"ev": "pong", "id": m.get("id")})}
         next_tel = next_lost_check = time.monotonic()
         while True:
@@ -375,8 +670,35 @@ class Agent:
                     del self.wrappers[key]
             if self.telemetry_s > 0 and time.monotonic() >= next_tel:
                 next_tel = time.monotonic() + self.telemetry_s
-                busy = {g: info.get("job_id") for info in self.watching.values() for g in info.get("gpus", [])}
-                self.send({"ev": "telemetry", "time": time.time(), "gpus": self.gpus.telemetry(busy)})
+                self.send_telemetry()
+
+    def job_pids(self) -> dict:
+        """Process-group leader pid of each running job -> its job id (to map GPU processes)."""
+        out = {}
+        for key, info in self.watching.items():
+            pid = self.read(self.job_dir(key), "pid")
+            if pid and pid.isdigit():
+                out[int(pid)] = info.get("job_id")
+        return out
+
+    def send_telemetry(self) -> None:
+        busy = {g: info.get("job_id") for info in self.watching.values() for g in info.get("gpus", [])}
+        try:
+            gpus = self.gpus.telemetry(busy, self.job_pids())
+        except Exception as e:  # telemetry never kills the agent that runs the jobs
+            self.send({"ev": "error", "id": None, "error": f"telemetry: {type(e).__name__}: {e}"})
+            return
+        self.send({"ev": "telemetry", "time": time.time(), "source": self.gpus.source, "gpus": gpus})
+
+    def on_fault(self, msg: dict) -> None:
+        """Inject a fault into a simulated GPU (demo only); refused on real or declared GPUs."""
+        try:
+            self.gpus.fault(msg.get("gpu"), str(msg.get("kind")), msg.get("value"))
+        except ValueError as e:
+            self.send({"ev": "error", "id": msg.get("id"), "error": str(e)})
+            return
+        self.send({"ev": "fault", "id": msg.get("id"), "ok": True, "gpu": msg.get("gpu"),
+                   "kind": msg.get("kind")})
 
 
 def _get_id(line: str):
