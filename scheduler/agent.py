@@ -527,7 +527,10 @@ class Agent:
             with open(f"/proc/{pid}/stat") as f:
                 return int(f.read().rsplit(")", 1)[1].split()[2]) == pid
         except (OSError, ValueError, IndexError):
-            return os.getpgid(pid) == pid if hasattr(os, "getpgid") else True
+            try:
+                return os.getpgid(pid) == pid if hasattr(os, "getpgid") else True
+            except ProcessLookupError:  # it ended meanwhile; the next pass reports its exit
+                return False
 
     @staticmethod
     def alive(pid: int) -> bool:

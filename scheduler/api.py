@@ -7,12 +7,14 @@ import json
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from sqlalchemy import insert, update
 from sqlmodel import Session, col, select
 
 from . import models as m
@@ -332,38 +334,40 @@ def create_app(daemon: Daemon) -> FastAPI:
                 need(p, "operator", "a negative --nice")
             name = body.name or (os.path.basename(body.command[0]) if body.command else "script")
             tasks, limit_tasks = parse_array(body.array) if body.array else ((None,), None)
-            jobs = []
-            for task in tasks:
-                job = Job(
-                    name=name, user=p.user, queue=queue.name,
-                    state=m.HELD if body.hold else m.PENDING, reason="Held" if body.hold else "",
-                    command=body.command, script=body.script, gpus=body.gpus, gpu_type=body.gpu_type,
-                    nodes=body.nodes, cpus=body.cpus, mem_mb=body.mem or 0, time_limit_s=limit,
-                    priority=body.priority, retries=body.retries, dependency=body.after or "",
-                    env=body.env, workdir=body.workdir, submit_time=now, eligible_time=now,
-                    constraint=body.constraint or {}, exclusive=body.exclusive, nice=body.nice,
-                    account=body.account or "", array_task_id=task,
-                    array_limit=limit_tasks if task is not None else None,
-                )
-                if jobs:
-                    job.array_parent = jobs[0].id
-                s.add(job)
-                s.flush()
-                if task is not None and not jobs:
-                    job.array_parent = job.id
-                jobs.append(job)
-            job = jobs[0]
+            # Core inserts: submission is the API's hot path, and ORM objects cost more than rows
+            values = dict(
+                name=name, user=p.user, queue=queue.name,
+                state=m.HELD if body.hold else m.PENDING, reason="Held" if body.hold else "",
+                command=body.command, script=body.script, gpus=body.gpus, gpu_type=body.gpu_type,
+                nodes=body.nodes, cpus=body.cpus, mem_mb=body.mem or 0, time_limit_s=limit,
+                priority=body.priority, retries=body.retries, attempt=0, failures=0,
+                dependency=body.after or "", env=body.env, workdir=body.workdir, submit_time=now,
+                eligible_time=now, constraint=body.constraint or {}, exclusive=body.exclusive,
+                nice=body.nice, account=body.account or "", allocation=[], kill_reason="",
+                attained_gpu_s=0.0, array_task_id=tasks[0], array_parent=None,
+                array_limit=limit_tasks if body.array else None,
+            )
+            table = Job.__table__
+            first = s.execute(insert(table), values).inserted_primary_key[0]
+            if body.array:
+                values["array_parent"] = first
+                s.execute(update(table).where(table.c.id == first).values(array_parent=first))
+                if len(tasks) > 1:
+                    s.execute(insert(table), [{**values, "array_task_id": t} for t in tasks[1:]])
+            job = SimpleNamespace(id=first, start_time=None, end_time=None, exit_code=None,
+                                  estimated_start=None, **values)
+            jobs = tasks
             daemon.record(s, p.user, "job.submit", str(job.id),
                           {"queue": job.queue, "gpus": job.gpus, "nodes": job.nodes, "state": job.state,
                            "tasks": len(jobs) if body.array else None}, p.address)
-        daemon.wake()
-        return job_json(job)
+        if not body.hold:
+            daemon.wake()
+        return JSONResponse(job_json(job), status_code=201)
 
     def check_fits(s: Session, body: JobSubmit) -> None:
-        nodes = s.exec(select(Node)).all()
-        if not nodes:
+        sizes = sorted(s.exec(select(Node.gpus_total, Node.name)).all(), reverse=True)
+        if not sizes:
             return  # nothing registered yet: the job waits for nodes
-        sizes = sorted(((n.gpus_total, n.name) for n in nodes), reverse=True)
         if body.gpus > sizes[0][0]:
             raise HTTPException(422, f"gpus: {body.gpus} GPUs per node is more than any node has "
                                      f"(largest: {sizes[0][0]} on {sizes[0][1]}); use --nodes to spread the job")

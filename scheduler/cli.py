@@ -123,7 +123,7 @@ def daemon(config_path, listen, db, verbose):
 
     from .config import DaemonConfig, home
     from .daemon import Daemon
-    from .server import bind, raise_nofile_limit, serve
+    from .server import bind, raise_nofile_limit, run, serve
     from .store import SchemaError
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
@@ -166,7 +166,7 @@ def daemon(config_path, listen, db, verbose):
             loop.add_signal_handler(sig, stop.set)
         await serve(d, sock, ready, stop)
 
-    asyncio.run(main())
+    run(main())
 
 
 @cli.command()

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import asyncssh
-from sqlalchemy import bindparam, update
+from sqlalchemy import bindparam, insert, update
 from sqlmodel import Session, col, func, select
 
 from . import models as m
@@ -174,7 +174,7 @@ class Daemon:
     def tx(self) -> Iterator[Session]:
         """One transaction; the events recorded in it are published only after it commits."""
         s = Session(self.engine, expire_on_commit=False)
-        events: list[Event] = []
+        events: list[dict] = []
         s.info["events"] = events
         try:
             yield s
@@ -188,15 +188,16 @@ class Daemon:
             self.publish(ev)
 
     def record(self, s: Session, actor: str, action: str, target: str, detail: dict | None = None,
-               address: str = "") -> Event:
-        ev = Event(time=time.time(), actor=actor, action=action, target=target, address=address,
-                   detail=detail or {})
-        s.add(ev)
+               address: str = "") -> dict:
+        """Add an audit/state event to the transaction; it is published once the transaction commits."""
+        ev = {"time": time.time(), "actor": actor, "action": action, "target": target, "address": address,
+              "detail": detail or {}}
+        # a Core insert: events are written on every change, and ORM objects cost more than the row
+        ev["id"] = s.execute(insert(Event.__table__), ev).inserted_primary_key[0]
         s.info["events"].append(ev)
         return ev
 
-    def publish(self, ev: Event) -> None:
-        data = event_json(ev)
+    def publish(self, data: dict) -> None:
         for q in list(self.subscribers):
             if q.qsize() > 10000:  # a stuck reader: drop it rather than grow without bound
                 self.subscribers.discard(q)
@@ -481,12 +482,14 @@ class Daemon:
                     Job.nice, Job.account, Job.array_parent, Job.array_limit, Job.attained_gpu_s,
                     Job.kill_reason, Job.kill_time, Job.reason, Job.estimated_start)
 
-    def snapshot(self, s: Session, now: float) -> tuple[Snapshot, dict[int, tuple]]:
+    def snapshot(self, s: Session, now: float) -> tuple[Snapshot | None, dict[int, tuple]]:
+        rows = s.exec(select(*self.VIEW_COLUMNS).where(Job.state == m.PENDING)).all()
+        if not rows:
+            return None, {}
+        pending = [job_view_row(r) for r in rows]
         nodes = s.exec(select(Node)).all()
         active = [job_view_row(r) for r in s.exec(select(*self.VIEW_COLUMNS)
                                                    .where(col(Job.state).in_(m.ACTIVE_STATES))).all()]
-        rows = s.exec(select(*self.VIEW_COLUMNS).where(Job.state == m.PENDING)).all()
-        pending = [job_view_row(r) for r in rows]
         used: dict[str, set[int]] = {}
         cpus_used: dict[str, int] = {}
         mem_used: dict[str, int] = {}
@@ -527,7 +530,7 @@ class Daemon:
         preempted: list[Job] = []
         with self.tx() as s:
             snap, rows = self.snapshot(s, now)
-            if not snap.pending:
+            if snap is None:
                 self.last_cycle_s = time.perf_counter() - t0
                 return 0
             decisions = plan(snap, now, self.policy)

@@ -19,7 +19,7 @@ from .config import DaemonConfig
 from .daemon import Daemon
 from .models import Node
 from .nodes import pin_host_key
-from .server import bind, serve
+from .server import bind, run, serve
 from .simnode import SimNode, start_sim_nodes, stop_sim_nodes
 
 
@@ -135,7 +135,7 @@ def run_demo(nodes: int, gpus: int, tui: bool, listen: str, workdir: str | None)
         await main(stop)
         p.cancel()
 
-    asyncio.run(headless())
+    run(headless())
 
 
 def print_lines(info: dict, base: Path) -> None:

@@ -18,6 +18,17 @@ from .daemon import Daemon
 log = logging.getLogger("trainyard.server")
 
 
+def run(main) -> None:
+    """Run a coroutine on uvloop where it is installed (uvicorn[standard] brings it), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
+
+
 def raise_nofile_limit() -> None:
     """Each node holds a connection; run out of descriptors and asyncssh fails oddly (notes/ssh.md)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

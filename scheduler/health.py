@@ -1,0 +1,230 @@
+"""GPU health rules: which telemetry drains a node or takes one GPU out of allocation, and why.
+
+Pure: no I/O and no clock reads. The daemon keeps each node's recent telemetry in a
+`TelemetryHistory`, calls `evaluate(rules, node, history.samples(node), now)` on every
+telemetry message, and acts on each verdict whose `key` it has not acted on yet (a verdict
+stays in the answer while its cause is still in the history, so acting once per key is what
+"once per new cause" means; forget a key when evaluate stops returning it).
+
+A telemetry sample is `{"time": epoch seconds, "gpus": [gpu dict, ...]}` with the agent's
+GPU fields (docs/gpu.md): `xid_events` (XID codes that arrived since the previous sample),
+`ecc_dbe_volatile`, `remap_failure`, `off_bus`, `temp_c`, ...
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, fields
+
+DRAIN_NODE = "drain_node"
+EXCLUDE_GPU = "exclude_gpu"
+OFF = "off"
+ACTIONS = (DRAIN_NODE, EXCLUDE_GPU, OFF)
+
+# What the XIDs mean (NVIDIA's XID catalogue, shortened). The fatal classes drain by default.
+XID_MEANINGS = {
+    13: "graphics engine exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "preemptive cleanup after a previous error",
+    48: "double-bit ECC error",
+    61: "internal micro-controller breakpoint",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping failed",
+    68: "video processor exception",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+FATAL_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95})
+
+
+def xid_meaning(code: int) -> str:
+    return XID_MEANINGS.get(code, "see NVIDIA's XID catalogue")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    gpu: int
+    action: str          # "drain_node" or "exclude_gpu"
+    reason: str          # names the cause, e.g. "GPU 3: XID 79 (GPU has fallen off the bus)"
+    key: str = ""        # stable while the cause lasts; a new cause has a new key
+    node: str = ""
+    rule: str = ""       # "xid", "ecc_dbe", "remap_failure", "off_bus", "temp"
+
+
+@dataclass
+class HealthRules:
+    """The `[health]` table of trainyard.toml. Each rule's action: drain_node, exclude_gpu or off."""
+
+    xid: str = DRAIN_NODE
+    fatal_xids: frozenset = field(default_factory=lambda: FATAL_XIDS)
+    ecc_dbe: str = DRAIN_NODE
+    remap_failure: str = DRAIN_NODE
+    off_bus: str = DRAIN_NODE
+    temp: str = DRAIN_NODE
+    temp_c: float = 90.0
+    temp_period_s: float = 60.0
+    history_samples: int = 300
+
+    def __post_init__(self):
+        for name in ("xid", "ecc_dbe", "remap_failure", "off_bus", "temp"):
+            value = getattr(self, name)
+            if value not in ACTIONS:
+                raise ValueError(f"health.{name} = {value!r}: the action must be one of "
+                                 f"{', '.join(ACTIONS)}")
+        xids = self.fatal_xids
+        if isinstance(xids, (str, bytes)) or not hasattr(xids, "__iter__") or any(
+                isinstance(x, bool) or not isinstance(x, int) or x <= 0 for x in xids):
+            raise ValueError(f"health.fatal_xids = {xids!r}: expected a list of positive XID numbers")
+        self.fatal_xids = frozenset(xids)
+        for name, lo in (("temp_c", 1), ("temp_period_s", 0), ("history_samples", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < lo:
+                raise ValueError(f"health.{name} = {value!r}: expected a number >= {lo}")
+        if not isinstance(self.history_samples, int):
+            raise ValueError(f"health.history_samples = {self.history_samples!r}: expected a whole number")
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> HealthRules:
+        """From a `[health]` TOML table; ValueError names the key and the value it refused."""
+        if d is None:
+            return cls()
+        if not isinstance(d, dict):
+            raise ValueError(f"[health] must be a table, not {d!r}")
+        known = {f.name for f in fields(cls)}
+        for key, value in d.items():
+            if key not in known:
+                raise ValueError(f"health.{key} = {value!r}: unknown setting; known: {', '.join(sorted(known))}")
+        return cls(**d)
+
+
+def _gpus(sample: dict) -> list:
+    gpus = sample.get("gpus") if isinstance(sample, dict) else None
+    return gpus if isinstance(gpus, list) else []
+
+
+def _num(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def evaluate(rules: HealthRules, node_name: str, history: list, now: float) -> list[Verdict]:
+    """The verdicts for one node from its recent telemetry (oldest first; samples after `now`
+    are ignored). At most one verdict per rule and GPU; off-bus first, then XIDs, ECC, row
+    remapping and temperature."""
+    samples = [s for s in history if isinstance(s, dict) and (_num(s.get("time")) or 0) <= now]
+    if not samples:
+        return []
+    latest = samples[-1]
+    out: list[Verdict] = []
+    by_gpu: dict[int, list] = {}
+    for s in samples:
+        for g in _gpus(s):
+            if isinstance(g, dict) and isinstance(g.get("index"), int):
+                by_gpu.setdefault(g["index"], []).append((s.get("time") or 0, g))
+    current = {g["index"]: g for g in _gpus(latest) if isinstance(g, dict) and isinstance(g.get("index"), int)}
+
+    def add(rule: str, gpu: int, reason: str, key: str):
+        action = getattr(rules, rule)
+        if action != OFF:
+            out.append(Verdict(gpu=gpu, action=action, reason=f"GPU {gpu}: {reason}",
+                               key=f"gpu{gpu}:{key}", node=node_name, rule=rule))
+
+    for i in sorted(by_gpu):
+        g = current.get(i, {})
+        if g.get("off_bus"):
+            add("off_bus", i, "fell off the bus (NVML: GPU is lost)", "off_bus")
+        # XIDs are events: the newest fatal one in the history; its sample time keeps the key new
+        fatal = [(t, code) for t, s in by_gpu[i] for code in (s.get("xid_events") or [])
+                 if code in rules.fatal_xids]
+        if fatal:
+            t, code = fatal[-1]
+            add("xid", i, f"XID {code} ({xid_meaning(code)})", f"xid{code}@{t}")
+        dbe = _num(g.get("ecc_dbe_volatile"))
+        if dbe is None:
+            dbe = _num(g.get("ecc_dbe"))
+        if dbe:
+            add("ecc_dbe", i, f"{dbe} double-bit ECC error{'s' if dbe != 1 else ''} (uncorrectable)",
+                f"ecc_dbe:{dbe}")
+        if g.get("remap_failure"):
+            add("remap_failure", i, "row remapping failed (the GPU needs a reset or repair)",
+                "remap_failure")
+        verdict = _hot(rules, by_gpu[i], latest.get("time"))
+        if verdict:
+            _, held, temp = verdict
+            add("temp", i, f"temperature {temp:g} °C over {rules.temp_c:g} °C for {held:.0f} s",
+                "temp")
+    return out
+
+
+def _hot(rules: HealthRules, series: list, latest_time):
+    """(start, seconds held, current temp) when the GPU's temperature has stayed over the
+    threshold in every sample for at least the period, up to the latest sample."""
+    if not series or series[-1][0] != latest_time:
+        return None
+    start = None
+    for t, g in reversed(series):
+        temp = _num(g.get("temp_c"))
+        if temp is None or temp <= rules.temp_c:
+            break
+        start = t
+    if start is None:
+        return None
+    held = latest_time - start
+    if held < rules.temp_period_s:
+        return None
+    return start, held, series[-1][1]["temp_c"]
+
+
+# ---------------------------------------------------------------- the history
+
+# the fields a history keeps per GPU: what the rules read and what the sparklines draw
+HISTORY_FIELDS = ("index", "util_gpu", "util_mem", "mem_used_mb", "mem_total_mb", "temp_c",
+                  "power_w", "sm_clock_mhz", "xid_events", "ecc_dbe_volatile", "ecc_dbe",
+                  "remap_failure", "off_bus")
+
+
+class TelemetryHistory:
+    """Bounded telemetry history per node (and so per GPU): the last `maxlen` samples each.
+
+    Only HISTORY_FIELDS are kept per GPU, so a 1,000-node cluster of 8 GPUs at 300 samples
+    stays in the hundreds of megabytes; the latest full sample lives in the daemon.
+    """
+
+    def __init__(self, maxlen: int = 300):
+        if maxlen < 1:
+            raise ValueError(f"history length must be at least 1, not {maxlen}")
+        self.maxlen = maxlen
+        self._nodes: dict[str, deque] = {}
+
+    def add(self, node: str, sample: dict) -> None:
+        slim = {"time": sample.get("time"),
+                "gpus": [{k: g.get(k) for k in HISTORY_FIELDS} for g in _gpus(sample) if isinstance(g, dict)]}
+        self._nodes.setdefault(node, deque(maxlen=self.maxlen)).append(slim)
+
+    def samples(self, node: str) -> list[dict]:
+        """The node's samples, oldest first (empty for a node never heard of)."""
+        return list(self._nodes.get(node, ()))
+
+    def series(self, node: str, gpu: int, field: str, n: int | None = None) -> list:
+        """The last n values (oldest first) of one GPU field, None where it was missing."""
+        out = []
+        for s in self._nodes.get(node, ()):
+            value = None
+            for g in s["gpus"]:
+                if g.get("index") == gpu:
+                    value = g.get(field)
+                    break
+            out.append(value)
+        return out if n is None else out[len(out) - n:] if n > 0 else []
+
+    def forget(self, node: str) -> None:
+        self._nodes.pop(node, None)
+
+    def nodes(self) -> list[str]:
+        return sorted(self._nodes)

@@ -1,0 +1,112 @@
+"""Spine benchmarks on the 4-node demo (8 simulated GPUs each): submit throughput, 1,000 jobs end
+to end, submit->RUNNING latency, and CLI cold start. Prints its figures."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+from _harness import ROOT, demo, machine, now, percentile
+
+
+def submit_throughput(url: str, token: str, n: int = 2000, hold: bool = True) -> float:
+    """Jobs on one keep-alive connection; held ones measure the API alone, the others include
+    the scheduling cycles that each submission triggers (with 32 GPUs busy, the rest wait)."""
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as c:
+        body = {"command": ["sleep", "600"], "gpus": 1, "hold": hold}
+        c.post("/v1/jobs", json=body).raise_for_status()
+        t0 = now()
+        for _ in range(n):
+            c.post("/v1/jobs", json=body).raise_for_status()
+        rate = n / (now() - t0)
+        for j in c.get("/v1/jobs", params={"limit": 100000}).json():
+            c.post(f"/v1/jobs/{j['id']}/cancel")
+        while c.get("/v1/cluster").json()["jobs_running"]:
+            time.sleep(0.1)
+    return rate
+
+
+def thousand_jobs(url: str, token: str, n: int = 1000) -> float:
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+        done0 = c.get("/v1/cluster").json()["jobs_by_state"].get("COMPLETED", 0)
+        t0 = now()
+        for _ in range(n):
+            c.post("/v1/jobs", json={"command": ["true"], "gpus": 1}).raise_for_status()
+        while True:
+            by = c.get("/v1/cluster").json()["jobs_by_state"]
+            if by.get("COMPLETED", 0) - done0 >= n:
+                return now() - t0
+            if now() - t0 > 300:
+                raise SystemExit(f"1,000 jobs did not finish in 300 s: {by}")
+            time.sleep(0.05)
+
+
+def submit_to_running(url: str, token: str, n: int = 200) -> list[float]:
+    """Sequential 1-GPU `sleep` jobs on warm nodes; RUNNING seen on the event stream."""
+    headers = {"Authorization": f"Bearer {token}"}
+    seen: dict[str, float] = {}
+    ready = threading.Event()
+
+    def listen():
+        with httpx.Client(base_url=url, headers=headers, timeout=None) as s:
+            since = s.get("/v1/events", params={"limit": 1}).json()[-1]["id"]
+            with s.stream("GET", "/v1/events", params={"since": since, "stream": True}) as r:
+                ready.set()
+                import json
+
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        ev = json.loads(line[6:])
+                        if ev["action"] == "job.state" and ev["detail"].get("state") == "RUNNING":
+                            seen[ev["target"]] = now()
+
+    threading.Thread(target=listen, daemon=True).start()
+    ready.wait(10)
+    lat = []
+    with httpx.Client(base_url=url, headers=headers) as c:
+        for _ in range(n):
+            t0 = now()
+            jid = str(c.post("/v1/jobs", json={"command": ["sleep", "0.05"], "gpus": 1}).json()["id"])
+            while jid not in seen:
+                time.sleep(0.0005)
+            lat.append(seen[jid] - t0)
+            time.sleep(0.06)
+    return lat
+
+
+def cli_cold_start(url: str, token: str, n: int = 15) -> list[float]:
+    env = {**os.environ, "TRAINYARD_URL": url, "TRAINYARD_TOKEN": token}
+    exe = os.path.join(os.path.dirname(sys.executable), "trainyard")
+    times = []
+    for _ in range(n):
+        t0 = now()
+        subprocess.run([exe, "jobs"], env=env, cwd=ROOT, check=True, capture_output=True)
+        times.append(now() - t0)
+    return times
+
+
+def main() -> None:
+    print(f"machine: {machine()}")
+    with demo(4, 8) as (url, token, _):
+        rate = submit_throughput(url, token)
+        print(f"API submit throughput (one keep-alive connection, 2,000 held jobs): {rate:.0f} jobs/s")
+        rate = submit_throughput(url, token, hold=False)
+        print(f"API submit throughput with scheduling (2,000 jobs, 32 start, the rest queue): {rate:.0f} jobs/s")
+        secs = thousand_jobs(url, token)
+        print(f"1,000 trivial 1-GPU jobs on the 4-node demo, first submit to last COMPLETED: {secs:.2f} s")
+        lat = submit_to_running(url, token)
+        print(f"submit -> RUNNING on a warm node ({len(lat)} jobs): p50 {percentile(lat, 50) * 1000:.1f} ms, "
+              f"p99 {percentile(lat, 99) * 1000:.1f} ms")
+        cold = cli_cold_start(url, token)
+        print(f"CLI cold start (`trainyard jobs`, {len(cold)} runs): median {statistics.median(cold) * 1000:.0f} ms, "
+              f"min {min(cold) * 1000:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
