@@ -152,6 +152,12 @@ class DrainBody(Strict):
     reason: str = Field(min_length=1, max_length=500)
 
 
+class FaultBody(Strict):
+    gpu: int = Field(ge=0, le=63)
+    kind: Literal["xid", "ecc_dbe", "temp", "off_bus", "clear"]
+    value: int | float | None = None
+
+
 class BootstrapBody(Strict):
     phase: Literal["start", "done", "failed"]
     detail: str = ""
@@ -195,6 +201,7 @@ def node_json(d: Daemon, n: Node, used: dict[str, int]) -> dict[str, Any]:
         "cpus": n.cpus, "mem_mb": n.mem_mb, "labels": n.labels, "last_seen": n.last_seen,
         "simulated": n.simulated, "agent_dir": n.agent_dir,
         "telemetry": d.telemetry.get(n.name, {"time": None, "gpus": []}),
+        "excluded_gpus": {str(g): why for g, why in d.excluded_gpus.get(n.name, {}).items()},
     }
 
 
@@ -323,7 +330,8 @@ def create_app(daemon: Daemon) -> FastAPI:
                 names = ", ".join(q.name for q in s.exec(select(Queue)).all())
                 raise HTTPException(422, f"queue: unknown queue {body.queue!r}; queues: {names}")
             check_fits(s, body)
-            limit = body.time_limit or queue.default_time_limit_s
+            limit = body.time_limit or queue.default_time_limit_s or daemon.policy.default_time_limit_s
+            limit = int(limit) if limit else None
             if queue.max_time_limit_s and limit and limit > queue.max_time_limit_s:
                 raise HTTPException(422, f"time_limit: {limit}s is over queue {queue.name!r}'s maximum "
                                          f"of {queue.max_time_limit_s}s")
@@ -552,11 +560,7 @@ def create_app(daemon: Daemon) -> FastAPI:
         need(p, "operator", "draining a node")
         with daemon.tx() as s:
             node = get_node(s, name)
-            busy = bool(daemon.active_jobs_on(s, name))
-            node.state = m.DRAINING if busy else m.DRAINED
-            node.reason = body.reason
-            s.add(node)
-            daemon.record(s, p.user, "node.drain", name, {"state": node.state, "reason": body.reason}, p.address)
+            daemon.drain(s, node, body.reason, p.user, p.address)
             used = daemon.gpu_usage(s)
         return node_json(daemon, node, used)
 
@@ -574,6 +578,22 @@ def create_app(daemon: Daemon) -> FastAPI:
             used = daemon.gpu_usage(s)
         daemon.wake()
         return node_json(daemon, node, used)
+
+    @app.post("/v1/nodes/{name}/fault")
+    async def fault(name: str, body: FaultBody, p: Who):
+        need(p, "operator", "injecting a GPU fault")
+        with Session(daemon.engine) as s:
+            node = get_node(s, name)
+        if not node.simulated:
+            raise Refused(f"node {name} is a real node; fault injection works only on the demo's simulated "
+                          "GPUs", 409)
+        try:
+            reply = await daemon.inject_fault(name, body.gpu, body.kind, body.value)
+        except NodeError as e:
+            raise HTTPException(503, str(e)) from None
+        with daemon.tx() as s:
+            daemon.record(s, p.user, "node.fault", name, body.model_dump(), p.address)
+        return reply
 
     @app.post("/v1/nodes/{name}/bootstrap")
     async def bootstrap_phase(name: str, body: BootstrapBody, p: Who):

@@ -138,18 +138,22 @@ def daemon(config_path, listen, db, verbose):
         config.db = db
     raise_nofile_limit()
     try:
-        sock = bind(config.listen)
-    except ValueError as e:
-        fail(str(e), EXIT_USAGE)
-    except OSError as e:
-        fail(str(e))
-    d = Daemon(config, home())
+        d = Daemon(config, home())
+    except ValueError as e:  # a bad [scheduler], [queues], [teams] or [health] table
+        fail(f"{config_path}: {e}", EXIT_USAGE)
     try:
         d.prepare()
     except SchemaError as e:
         fail(str(e))
     except Exception as e:  # the database refused: say which and why
         fail(f"cannot open the database {config.db or d.db_url!r}: {type(e).__name__}: {str(e).splitlines()[0]}")
+
+    try:
+        sock = bind(config.listen)
+    except ValueError as e:
+        fail(str(e), EXIT_USAGE)
+    except OSError as e:
+        fail(str(e))
 
     def ready(dm: Daemon) -> None:
         token = dm.bootstrap_admin(dm.url)
@@ -359,12 +363,19 @@ def logs(job_id, follow, rank):
 
 # ------------------------------------------------------------------------------ nodes
 @cli.command()
+@click.option("--gpus", "per_gpu", is_flag=True, help="One row per GPU: utilisation, memory, temperature, power, health.")
 @json_option
-def nodes(as_json):
+def nodes(per_gpu, as_json):
     """List nodes: state, GPUs used/total, model, pool and why a node is not UP."""
     rows = api(client().nodes)
     if as_json:
         print_json(rows)
+        return
+    if per_gpu:
+        from .dcgm import format_gpu_rows
+
+        headers, gpu_rows = format_gpu_rows(rows)
+        table(headers, gpu_rows)
         return
     table(
         ["NAME", "STATE", "GPUS", "MODEL", "POOL", "ADDRESS", "REASON"],
@@ -459,6 +470,26 @@ def node_resume(name, as_json):
     """Return a drained or down node to service."""
     n = api(client().resume_node, name)
     print_json(n) if as_json else click.echo(f"node {n['name']}: {n['state']}")
+
+
+@node.command("fault")
+@click.argument("name")
+@click.option("--gpu", required=True, type=click.IntRange(0, 63), help="GPU index on the node.")
+@click.option("--xid", type=click.IntRange(1, 999), help="Raise this XID error (e.g. 79: fell off the bus).")
+@click.option("--ecc-dbe", is_flag=True, help="Add a double-bit ECC error.")
+@click.option("--temp", type=click.IntRange(0, 150), help="Hold the temperature at this many °C.")
+@click.option("--off-bus", is_flag=True, help="Make the GPU fall off the bus.")
+@click.option("--clear", is_flag=True, help="Clear the GPU's injected faults.")
+def node_fault(name, gpu, xid, ecc_dbe, temp, off_bus, clear):
+    """Inject a GPU fault on a demo node (simulated GPUs only) to watch the health rules act."""
+    chosen = [(k, v) for k, v, on in (("xid", xid, xid is not None), ("ecc_dbe", None, ecc_dbe),
+                                       ("temp", temp, temp is not None), ("off_bus", None, off_bus),
+                                       ("clear", None, clear)) if on]
+    if len(chosen) != 1:
+        raise click.UsageError("give exactly one of --xid N, --ecc-dbe, --temp C, --off-bus, --clear")
+    kind, value = chosen[0]
+    api(client().fault_node, name, gpu, kind, value)
+    click.echo(f"node {name} GPU {gpu}: {kind.replace('_', '-')}{'' if value is None else ' ' + str(value)} injected")
 
 
 @node.command("remove")

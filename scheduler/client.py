@@ -154,6 +154,9 @@ class Client:
     def remove_node(self, name: str, force: bool = False) -> dict:
         return self._call("DELETE", f"/v1/nodes/{name}", params={"force": force})
 
+    def fault_node(self, name: str, gpu: int, kind: str, value=None) -> dict:
+        return self._call("POST", f"/v1/nodes/{name}/fault", json={"gpu": gpu, "kind": kind, "value": value})
+
     def node_bootstrap(self, name: str, phase: str, detail: str = "") -> dict:
         return self._call("POST", f"/v1/nodes/{name}/bootstrap", json={"phase": phase, "detail": detail})
 

@@ -55,6 +55,8 @@ class DaemonConfig:
     telemetry_interval_s: float = 2.0
     # the raw [scheduler], [queues.*] and [teams.*] tables, handed to the planner's policy
     policy: dict[str, Any] = field(default_factory=dict)
+    # the raw [health] table: GPU health rules (scheduler/health.py)
+    health: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: str | Path | None) -> DaemonConfig:
@@ -70,6 +72,7 @@ class DaemonConfig:
         daemon = data.get("daemon", {})
         known = {f.name: f for f in fields(cls)}
         known.pop("policy")
+        known.pop("health")
         kwargs: dict[str, Any] = {}
         for key, value in daemon.items():
             if key not in known:
@@ -81,4 +84,7 @@ class DaemonConfig:
                 raise ValueError(f"{p}: [daemon].{key} = {value!r} should be a {want.__name__}")
             kwargs[key] = value
         policy = {k: v for k, v in data.items() if k in ("scheduler", "queues", "teams")}
-        return cls(**kwargs, policy=policy)
+        unknown = set(data) - {"daemon", "scheduler", "queues", "teams", "health"}
+        if unknown:
+            raise ValueError(f"{p}: unknown table [{sorted(unknown)[0]}]; known: daemon, scheduler, queues, teams, health")
+        return cls(**kwargs, policy=policy, health=data.get("health", {}))

@@ -17,6 +17,7 @@ from sqlmodel import Session, col, func, select
 from . import models as m
 from .auth import hash_token, new_token
 from .config import DaemonConfig, client_config_path, write_private
+from .health import DRAIN_NODE, EXCLUDE_GPU, HealthRules, TelemetryHistory, evaluate
 from .metrics import Metrics
 from .models import Event, Job, Node, Queue, Token
 from .nodes import NodeLink, SshSettings, SshTarget
@@ -72,6 +73,10 @@ class Daemon:
         # raises ValueError naming the key for a bad [scheduler]/[queues]/[teams] table
         self.policy = PolicyConfig.from_dict(config.policy)
         self.ledger = UsageLedger(self.policy.fairshare_half_life_s)
+        self.health = HealthRules.from_dict(config.health)
+        self.history = TelemetryHistory(self.health.history_samples)
+        self.health_acted: dict[str, set[str]] = {}  # verdict keys already acted on, per node
+        self.excluded_gpus: dict[str, dict[int, str]] = {}  # node -> GPU -> why it is out of allocation
         self.last_cycle_s = 0.0
         self.url = ""
         self._wake: asyncio.Event | None = None
@@ -230,6 +235,9 @@ class Daemon:
         if link is not None:
             await link.stop()
         self.telemetry.pop(name, None)
+        self.history.forget(name)
+        self.health_acted.pop(name, None)
+        self.excluded_gpus.pop(name, None)
         self.link_error.pop(name, None)
         self.unreachable_since.pop(name, None)
 
@@ -252,7 +260,9 @@ class Daemon:
     def on_agent_message(self, name: str, msg: dict) -> None:
         ev = msg.get("ev")
         if ev == "telemetry":
-            self.telemetry[name] = {"time": msg.get("time"), "gpus": msg.get("gpus", [])}
+            sample = {"time": msg.get("time"), "gpus": msg.get("gpus", []), "source": msg.get("source")}
+            self.telemetry[name] = sample
+            self.on_telemetry(name, sample)
         elif ev == "hello":
             self.on_hello(name, msg)
         elif ev == "started":
@@ -261,6 +271,47 @@ class Daemon:
             self.on_exited(name, msg["key"], msg.get("rc"), bool(msg.get("lost")), msg.get("end_time"))
         elif ev == "error":
             log.warning("node %s: agent error: %s", name, msg.get("error"))
+
+    def on_telemetry(self, name: str, sample: dict) -> None:
+        """Apply the health rules: drain the node or take a GPU out of allocation, once per cause."""
+        self.history.add(name, sample)
+        verdicts = evaluate(self.health, name, self.history.samples(name), time.time())
+        acted = self.health_acted.get(name, set())
+        excluded = {g["index"]: "fell off the bus" for g in sample["gpus"] if g.get("off_bus")}
+        for v in verdicts:
+            if v.action == EXCLUDE_GPU:
+                excluded[v.gpu] = v.reason
+        if excluded != self.excluded_gpus.get(name, {}):
+            self.excluded_gpus[name] = excluded
+            self.wake()
+        new = [v for v in verdicts if v.key not in acted and v.action == DRAIN_NODE]
+        self.health_acted[name] = {v.key for v in verdicts}  # a cause that clears is forgotten
+        if not new:
+            return
+        with self.tx() as s:
+            node = s.get(Node, name)
+            if node is None:
+                return
+            reason = "health: " + "; ".join(v.reason for v in new)
+            self.record(s, "trainyard", "node.health", name, {"verdicts": [v.reason for v in new]})
+            if node.state in (m.UP, m.DRAINING, m.DRAINED):
+                self.drain(s, node, reason[:500], "trainyard")
+
+    def drain(self, s: Session, node: Node, reason: str, actor: str, address: str = "") -> None:
+        """Stop new work on a node: DRAINING while jobs run there, DRAINED once none do."""
+        node.state = m.DRAINING if self.active_jobs_on(s, node.name) else m.DRAINED
+        node.reason = reason
+        s.add(node)
+        self.record(s, actor, "node.drain", node.name, {"state": node.state, "reason": reason}, address)
+
+    async def inject_fault(self, name: str, gpu: int, kind: str, value) -> dict:
+        link = self.links.get(name)
+        if link is None:
+            raise Refused(f"node {name} is not known to the daemon", 404)
+        reply = await link.request({"op": "fault", "gpu": gpu, "kind": kind, "value": value})
+        if reply.get("ev") == "error":
+            raise Refused(f"node {name}: {reply.get('error')}", 409)
+        return reply
 
     def on_hello(self, name: str, msg: dict) -> None:
         with self.tx() as s:
@@ -501,7 +552,8 @@ class Daemon:
         node_views = tuple(
             NodeView(
                 name=n.name, gpus_total=n.gpus_total,
-                free_gpus=tuple(g for g in n.gpu_indices if g not in used.get(n.name, ())),
+                free_gpus=tuple(g for g in n.gpu_indices if g not in used.get(n.name, ())
+                                and g not in self.excluded_gpus.get(n.name, ())),
                 cpus_total=n.cpus, cpus_free=n.cpus - cpus_used.get(n.name, 0),
                 mem_total_mb=n.mem_mb, mem_free_mb=n.mem_mb - mem_used.get(n.name, 0),
                 gpu_model=n.gpu_model, labels=dict(n.labels),

@@ -51,6 +51,9 @@ class Metrics:
     def __init__(self, daemon: Daemon):
         self.registry = CollectorRegistry()
         self.registry.register(_StateCollector(daemon))
+        from .dcgm import DcgmCollector
+
+        self.registry.register(DcgmCollector(lambda: daemon.telemetry))
         self.schedule_cycle = Histogram(
             "trainyard_schedule_cycle_seconds", "Time of one scheduling cycle (snapshot, plan, commit)",
             buckets=LATENCY_BUCKETS, registry=self.registry)

@@ -192,7 +192,7 @@ telemetry_interval_s = 0.5
 class DaemonProc:
     """`trainyard daemon` as a real process, with its own HOME, TRAINYARD_HOME and config dir."""
 
-    def __init__(self, base: Path, db: str | None = None, grace: float = 3.0):
+    def __init__(self, base: Path, db: str | None = None, grace: float = 3.0, extra_config: str = ""):
         self.base = base
         self.home = base / "home"
         self.env = {**os.environ, "HOME": str(base), "TRAINYARD_HOME": str(base / "state"),
@@ -200,7 +200,7 @@ class DaemonProc:
         self.env.pop("TRAINYARD_URL", None)
         self.env.pop("TRAINYARD_TOKEN", None)
         self.config = base / "trainyard.toml"
-        self.config.write_text(TEST_CONFIG.format(grace=grace))
+        self.config.write_text(TEST_CONFIG.format(grace=grace) + extra_config)
         self.port = free_port()
         self.db = db
         self.proc: subprocess.Popen | None = None
@@ -272,10 +272,10 @@ class DaemonProc:
 def daemon_factory(tmp_path):
     started: list[DaemonProc] = []
 
-    def make(db: str | None = None, grace: float = 3.0, sub: str = "d") -> DaemonProc:
+    def make(db: str | None = None, grace: float = 3.0, sub: str = "d", extra_config: str = "") -> DaemonProc:
         base = tmp_path / sub
         base.mkdir(exist_ok=True)
-        d = DaemonProc(base, db=db, grace=grace).start()
+        d = DaemonProc(base, db=db, grace=grace, extra_config=extra_config).start()
         started.append(d)
         return d
 
@@ -287,6 +287,51 @@ def daemon_factory(tmp_path):
 @pytest.fixture
 def daemon(daemon_factory):
     return daemon_factory()
+
+
+class DemoProc:
+    """`trainyard demo --no-tui` as a real process; its URL and token from the lines it prints."""
+
+    def __init__(self, base: Path, nodes: int = 2, gpus: int = 4):
+        self.env = {**os.environ, "HOME": str(base), "XDG_CONFIG_HOME": str(base / "cfg")}
+        self.proc = subprocess.Popen(
+            [PY, "-m", "scheduler.cli", "demo", "--no-tui", "--nodes", str(nodes), "--gpus-per-node", str(gpus),
+             "--dir", str(base / "demo")], cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True)
+        self.url = self.proc.stdout.readline().strip().partition("=")[2]
+        self.token = self.proc.stdout.readline().strip().partition("=")[2]
+        if not self.url or not self.token:
+            self.stop()
+            raise AssertionError("trainyard demo did not print TRAINYARD_URL/TRAINYARD_TOKEN")
+
+    def client(self, token: str | None = None):
+        from scheduler.client import Client
+
+        return Client(self.url, token or self.token)
+
+    def cli(self, *args: str, check: bool = False) -> subprocess.CompletedProcess:
+        env = {**self.env, "TRAINYARD_URL": self.url, "TRAINYARD_TOKEN": self.token}
+        r = subprocess.run([PY, "-m", "scheduler.cli", *args], env=env, cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+        if check and r.returncode != 0:
+            raise AssertionError(f"trainyard {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                return self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def demo_cluster(tmp_path_factory):
+    d = DemoProc(tmp_path_factory.mktemp("demo"))
+    yield d
+    d.stop()
 
 
 def add_sshd_node(d: DaemonProc, node: SshdNode, gpus: int = 4, labels: dict | None = None) -> dict:

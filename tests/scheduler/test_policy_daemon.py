@@ -1,0 +1,85 @@
+"""The daemon schedules with the policy from its config file, through the API, on real sshd nodes."""
+
+import pytest
+
+from tests.conftest import add_sshd_node, wait_for, wait_job
+
+POLICY = """
+[scheduler]
+policy = "backfill"
+grace_period = 1
+
+[queues.low]
+priority = 1
+
+[queues.high]
+priority = 10
+preempts = ["low"]
+
+[teams.vision]
+nominal_gpus = 4
+lending_limit_gpus = 0
+users = ["alice"]
+"""
+
+
+@pytest.fixture
+def policy_cluster(daemon_factory, sshd_factory):
+    d = daemon_factory(extra_config=POLICY)
+    for i in (1, 2):
+        add_sshd_node(d, sshd_factory(f"n{i}", d.public_key))
+    return d
+
+
+def test_high_queue_preempts_low_and_the_victim_is_requeued(policy_cluster):
+    c = policy_cluster.client()
+    bob = policy_cluster.client(c.create_token("bob", "user")["token"])
+    lows = [bob.submit({"command": ["sleep", "60"], "gpus": 4, "queue": "low"}) for _ in range(2)]
+    for j in lows:
+        wait_job(c, j["id"], "RUNNING")
+    high = bob.submit({"command": ["sleep", "60"], "gpus": 4, "queue": "high"})
+    wait_job(c, high["id"], "RUNNING", timeout=20)
+    states = {j["id"]: c.job(j["id"]) for j in lows}
+    victims = [j for j in states.values() if j["state"] == "PENDING"]
+    assert len(victims) == 1 and victims[0]["attempt"] == 1
+    history = [e["detail"]["state"] for e in c.events(limit=1000)
+               if e["target"] == str(victims[0]["id"]) and e["action"] == "job.state"]
+    assert history[-2:] == ["PREEMPTED", "PENDING"]
+    assert any(e["action"] == "job.preempt" for e in c.events(limit=1000))
+
+
+def test_team_quota_holds_jobs_back_with_quotalimit(policy_cluster):
+    c = policy_cluster.client()  # the admin token belongs to the daemon's user, alice
+    first = c.submit({"command": ["sleep", "30"], "gpus": 4})
+    wait_job(c, first["id"], "RUNNING")
+    second = c.submit({"command": ["sleep", "30"], "gpus": 4})
+    waiting = wait_for(lambda: (j := c.job(second["id"]))["reason"] == "QuotaLimit" and j, 15,
+                       what="QuotaLimit")
+    assert waiting["state"] == "PENDING"
+
+
+def test_array_concurrency_limit_and_task_ids(policy_cluster):
+    c = policy_cluster.client()
+    job = c.submit({"command": ["sh", "-c", "echo task=$TRAINYARD_ARRAY_TASK_ID; sleep 1"], "gpus": 1,
+                    "array": "0-5%2", "account": "other"})
+    tasks = [j for j in c.jobs(all=True) if j["array_job_id"] == job["id"]]
+    assert sorted(t["array_task_id"] for t in tasks) == [0, 1, 2, 3, 4, 5]
+    most = 0
+    while not all(c.job(t["id"])["state"] == "COMPLETED" for t in tasks):
+        running = [t for t in tasks if c.job(t["id"])["state"] in ("RUNNING", "STARTING")]
+        most = max(most, len(running))
+    assert most <= 2
+    assert sorted(c.log(t["id"])[0].strip() for t in tasks) == [f"task={i}" for i in range(6)]
+
+
+def test_unknown_queue_in_config_is_a_usage_error(tmp_path):
+    import subprocess
+
+    from tests.conftest import PY, ROOT
+
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[queues.x]\nprority = 3\n")
+    r = subprocess.run([PY, "-m", "scheduler.cli", "daemon", "--config", str(cfg), "--listen", "127.0.0.1:0"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=30,
+                       env={"HOME": str(tmp_path), "TRAINYARD_HOME": str(tmp_path / "s"), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and "prority" in r.stderr

@@ -1,0 +1,301 @@
+"""Pilot tests of the views and keys against the in-memory backend (frozen clock)."""
+
+from __future__ import annotations
+
+from tuihelpers import SIZE, Clock, make_app, refetch, screen_text, settle
+
+from tui.components.views import JobsView
+from tui.fake import FakeBackend
+
+
+async def test_header_shows_cluster_totals(backend):
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        c = backend.cluster()
+        assert "demo" in text and "● live" in text
+        assert f"{c['nodes_up']}/{c['nodes_total']} up" in text
+        assert f"{c['gpus_used']}/{c['gpus_total']} busy" in text
+        assert f"{c['jobs_running']} running" in text and f"{c['jobs_pending']} pending" in text
+
+
+async def test_nodes_view_has_one_row_per_node_with_gpu_bar(backend):
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        for node in backend.nodes():
+            assert node["name"] in text
+        assert "nodes [4/4]" in text
+        first = backend.nodes()[0]
+        line = next(ln for ln in text.splitlines() if first["name"] in ln)
+        assert "█" in line and f" {first['gpus_used']}/{first['gpus_total']} " in line  # GPU bar
+
+
+async def test_colon_switches_view_with_tab_completion(backend):
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("colon", "j", "o")
+        await pilot.pause()
+        await pilot.press("tab", "enter")
+        await pilot.pause()
+        assert app.active_view.KIND == "jobs"
+        text = screen_text(app)
+        assert "jobs [" in text and "train-9" in text
+        await pilot.press("colon", *"queues", "enter")
+        await pilot.pause()
+        assert "research" in screen_text(app)
+        await pilot.press("colon", *"events", "enter")
+        await pilot.pause()
+        assert "cluster.start" in screen_text(app)
+
+
+async def test_unknown_view_says_which_exist(backend):
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("colon", *"pods", "enter")
+        await pilot.pause()
+        assert "no view 'pods'" in screen_text(app)
+
+
+async def test_filter_survives_refresh(backend):
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("slash", *"gpu-02", "enter")
+        await pilot.pause()
+        table = app.query_one("#nodes-table")
+        assert table.keys == ["gpu-02"]
+        backend.advance()
+        await refetch(pilot, "nodes")
+        assert table.keys == ["gpu-02"]
+        assert "/gpu-02" in screen_text(app)
+        await pilot.press("escape")  # Esc clears the filter
+        await pilot.pause()
+        assert len(table.keys) == 4
+
+
+async def test_key_value_filter_goes_to_the_daemon(backend):
+    app = make_app(backend, view="jobs")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("slash", *"user:ana", "enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert backend.calls[-1][1]["user"] == "ana"
+        table = app.query_one("#jobs-table")
+        users = {str(table.get_cell(k, "USER")) for k in table.keys}
+        assert users == {"ana"}
+
+
+async def test_table_rows_update_in_place(backend):
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        table = app.query_one("#nodes-table")
+        rows_before = {k: id(table.rows[k]) for k in table.rows}
+        backend.advance()
+        await refetch(pilot, "nodes")
+        assert {k: id(table.rows[k]) for k in table.rows} == rows_before
+
+
+async def test_jobs_view_shows_state_reason_and_shape(backend):
+    app = make_app(backend, view="jobs")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        pending = next(j for j in backend.jobs() if j["state"] == "PENDING")
+        line = next(ln for ln in text.splitlines() if f" {pending['id']} " in ln and pending["name"] in ln)
+        assert "PENDING" in line and "Resources" in line and f"{pending['gpus']}×1" in line
+        # finished jobs are hidden until `a` shows all
+        assert "COMPLETED" not in text
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.query_one(JobsView).show_all
+        assert "COMPLETED" in screen_text(app)
+
+
+async def test_queues_view_shows_queues_and_teams(backend):
+    app = make_app(backend, view="queues")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        for q in backend.queues():
+            assert q["name"] in text
+        assert "teams" in text and "ana" in text
+        assert "16" in text  # the default queue's GPU quota
+
+
+async def test_enter_on_node_opens_its_gpus(backend):
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("down", "enter")  # gpu-01 carries an ECC error on GPU 3
+        await pilot.pause()
+        text = screen_text(app)
+        assert "node gpu-01" in text and "UTIL HISTORY" in text
+        assert "ECC 1" in text
+        await pilot.press("escape")
+        await pilot.pause()
+        assert "nodes [4/4]" in screen_text(app)
+
+
+async def test_sparklines_grow_with_each_telemetry_sample(backend):
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")
+        for _ in range(5):
+            backend.advance()
+            await refetch(pilot, "nodes")
+        table = app.screen.query_one("#gpus-table")
+        spark = table.get_cell("0", "UTIL HISTORY").plain
+        assert len(spark.strip()) == 6  # one block per sample
+
+
+async def test_job_drilldown_shows_spec_allocation_and_log(backend):
+    app = make_app(backend, view="jobs")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("colon", *"job 6", "enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        text = screen_text(app)
+        assert "job 6" in text and "python train.py --seed=6" in text
+        assert "gpu-00: GPUs 0,1,2,3" in text
+        assert "step    39 loss" in text and "following" in text
+
+
+async def test_log_pause_holds_new_lines_and_search_narrows(backend):
+    app = make_app(backend, view="jobs")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("colon", *"job 6", "enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        screen = app.screen
+        await pilot.press("f")
+        backend.append_log(6, "checkpoint saved at step 40")
+        screen.fetch_log()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        text = screen_text(app)
+        assert "paused (1 new lines)" in text and "checkpoint saved" not in text
+        await pilot.press("f")
+        await pilot.pause()
+        assert "checkpoint saved" in screen_text(app)
+        await pilot.press("slash", *"checkpoint", "enter")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "(1 matching)" in text and "step    39 loss" not in text
+        await pilot.press("escape")
+        await pilot.pause()
+        assert "step    39 loss" in screen_text(app)
+
+
+async def test_help_lists_the_keys(backend):
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "drain with a reason (confirm)" in text and "command palette" in text
+        await pilot.press("escape")
+        await pilot.pause()
+        assert "drain with a reason" not in screen_text(app)
+
+
+async def test_stale_data_is_marked_and_kept_then_live_again():
+    backend = FakeBackend()
+    clock = Clock()
+    app = make_app(backend, clock=clock)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        backend.up = False
+        clock.now += 100  # past 3 refresh intervals
+        await refetch(pilot, "cluster", "nodes")
+        text = screen_text(app)
+        assert "stale 1m40s" in text and "connection refused" in text
+        assert "gpu-03" in text  # the last good rows stay
+        backend.up = True
+        await refetch(pilot, "cluster", "nodes")
+        text = screen_text(app)
+        assert "● live" in text and "connection refused" not in text
+
+
+async def test_event_stream_brings_changes_without_polling(backend):
+    app = make_app(backend, stream=True, view="events")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        backend.drain_node("gpu-03", "fan failure")  # another operator, elsewhere
+        for _ in range(300):
+            if any(e.get("action") == "node.drain" for e in app.state.events):
+                break
+            await pilot.pause(0.01)
+        await pilot.pause()
+        assert "node.drain" in screen_text(app)
+        assert "(stream)" in screen_text(app)
+
+
+async def test_enter_on_a_queue_shows_its_jobs(backend):
+    app = make_app(backend, view="queues")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("down", "enter")  # research
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.active_view.KIND == "jobs"
+        table = app.query_one("#jobs-table")
+        assert table.keys and {str(table.get_cell(k, "QUEUE")) for k in table.keys} == {"research"}
+        assert "/queue:research" in screen_text(app)
+
+
+async def test_enter_on_an_event_opens_its_target(backend):
+    backend.hold(2)
+    app = make_app(backend, view="events")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")  # the newest event: job/2 held
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert getattr(app.screen, "job_id", None) == 2
+        assert "job.hold" in screen_text(app)  # the job's own events
+
+
+async def test_names_with_brackets_are_shown_as_typed_not_as_markup():
+    backend = FakeBackend()
+    backend.submit({"command": ["python", "x.py"], "name": "sweep[lr=3e-4]"})
+    app = make_app(backend, view="jobs")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        assert "sweep[lr=3e-4]" in screen_text(app)
+
+
+async def test_a_changed_cell_is_repainted_on_the_next_tick(backend):
+    app = make_app(backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert str(app.query_one("#nodes-table").get_cell("gpu-02", "STATE")) == "UP"
+        backend.drain_node("gpu-02", "psu swap")
+        await refetch(pilot, "nodes")
+        line = next(ln for ln in screen_text(app).splitlines() if "gpu-02" in ln)
+        assert "DRAINED" in line and "psu swap" in line
+
+
+async def test_rows_off_screen_show_their_change_when_scrolled_to():
+    backend = FakeBackend(nodes=150, jobs=20)
+    app = make_app(backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        backend.drain_node("gpu-0149", "off-screen fault")
+        await refetch(pilot, "nodes")
+        assert "gpu-0149" not in screen_text(app)
+        await pilot.press("ctrl+end")  # the last row
+        await pilot.pause()
+        line = next(ln for ln in screen_text(app).splitlines() if "gpu-0149" in ln)
+        assert "DRAINED" in line and "off-screen fault" in line

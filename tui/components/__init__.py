@@ -1,0 +1,1 @@
+"""Widgets and screens of the trainyard TUI."""
