@@ -644,7 +644,9 @@ class Agent:
         while True:
             try:
                 starting = any(not i.get("announced", True) for i in self.watching.values())
-                line = self.inbox.get(timeout=0.002 if starting else 0.05)
+                # poll fast while jobs start, often while they run (exits are noticed by their rc
+                # file), and rarely when idle
+                line = self.inbox.get(timeout=0.002 if starting else 0.01 if self.watching else 0.05)
             except queue.Empty:
                 line = ""
             if line is None:

@@ -11,7 +11,6 @@ import threading
 import time
 
 import httpx
-
 from _harness import ROOT, demo, machine, now, percentile
 
 

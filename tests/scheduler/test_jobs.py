@@ -38,7 +38,8 @@ def test_concurrent_jobs_never_share_a_gpu(c):
     held = [(a["node"], g) for j in running for a in j["allocation"] for g in a["gpus"]]
     assert len(held) == len(set(held)) == 8
     extra = c.submit({"command": ["true"], "gpus": 1})
-    assert wait_job(c, extra["id"], "PENDING")["reason"] == "Resources"
+    waiting = wait_for(lambda: (j := c.job(extra["id"]))["reason"] and j, 10, what="a pending reason")
+    assert (waiting["state"], waiting["reason"]) == ("PENDING", "Resources")
     for i in ids:
         c.cancel(i)
 
@@ -93,7 +94,7 @@ def test_higher_priority_starts_first_when_the_cluster_frees_up(c):
     wait_job(c, blocker["id"], "RUNNING")
     low = c.submit({"command": ["sleep", "5"], "gpus": 4, "nodes": 2})
     high = c.submit({"command": ["sleep", "5"], "gpus": 4, "nodes": 2, "priority": 10})
-    assert wait_job(c, low["id"], "PENDING")["reason"] in ("Priority", "Resources")
+    assert wait_for(lambda: c.job(low["id"])["reason"], 10, what="a pending reason") in ("Priority", "Resources")
     wait_job(c, high["id"], "RUNNING", timeout=15)
     assert c.job(low["id"])["state"] == "PENDING"
 
@@ -101,7 +102,7 @@ def test_higher_priority_starts_first_when_the_cluster_frees_up(c):
 def test_dependency_waits_then_runs(c):
     first = c.submit({"command": ["sleep", "1"]})
     second = c.submit({"command": ["true"], "after": first["id"]})
-    assert wait_job(c, second["id"], "PENDING")["reason"] == "Dependency"
+    assert wait_for(lambda: c.job(second["id"])["reason"], 10, what="a pending reason") == "Dependency"
     wait_job(c, second["id"], "COMPLETED")
 
 
