@@ -660,8 +660,8 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.config.schedule_interval_s)
             # Pace the cycles: a burst of submissions is planned together, and scheduling never
-            # takes more than about half of the event loop's time from the API.
-            await asyncio.sleep(min(0.2, max(0.002, self.last_cycle_s)))
+            # takes more than about a third of the event loop's time from the API.
+            await asyncio.sleep(min(0.25, max(0.002, 2 * self.last_cycle_s)))
             self._wake.clear()
             try:
                 self.schedule_once()
