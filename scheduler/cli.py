@@ -198,10 +198,14 @@ def demo(nodes, gpus_per_node, no_tui, listen, workdir):
 @click.option("--time", "-t", "time_limit", help="Time limit: MM, HH:MM:SS or D-HH:MM:SS.")
 @click.option("--priority", type=int, help="Priority (raising above 0 needs the operator role).")
 @click.option("--retries", type=click.IntRange(0, 100), help="Rerun a failed job up to N times.")
-@click.option("--after", help="Start after job ID completed OK (or afterok|afterany|afternotok:ID).")
+@click.option("--after", help="Start after job ID ended (afterany), or afterok|afternotok|afterany:ID[:ID], singleton.")
 @click.option("--array", help="Job array, e.g. 0-9 or 0-99%10.")
 @click.option("--env", "-e", multiple=True, help="K=V for the job's environment (repeatable).")
 @click.option("--workdir", "-D", help="Working directory on the node [default: the job's own directory].")
+@click.option("--constraint", "-C", help="Node labels the job needs, e.g. rack=r1,fabric=ib.")
+@click.option("--exclusive", is_flag=True, default=None, help="Whole nodes only: share them with no other job.")
+@click.option("--nice", type=int, help="Lower your job's priority by N (negative needs an operator).")
+@click.option("--account", "-A", help="Team to charge [default: the team the daemon maps you to].")
 @click.option("--hold", is_flag=True, help="Submit held; `trainyard release` starts it.")
 @click.option("--parsable", is_flag=True, help="Print only the job id.")
 @json_option
@@ -225,7 +229,9 @@ def submit(ctx, args, parsable, as_json, **opts):
             directives = sbatch_directives(script)
         except ValueError as e:
             raise click.UsageError(f"{args[0]}: {e}") from None
-        spec.update({k: v for k, v in directives.items() if k not in ("constraint", "exclusive", "priority_nice")})
+        if "priority_nice" in directives:
+            directives["nice"] = directives.pop("priority_nice")
+        spec.update(directives)
         spec["script"] = script
         spec.setdefault("name", Path(args[0]).name)
     else:
@@ -234,6 +240,8 @@ def submit(ctx, args, parsable, as_json, **opts):
         if ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE or (key not in spec and value not in (None, (), False)):
             spec[key] = value
     try:
+        if "nice" in spec:
+            spec["nice"] = int(spec["nice"])
         if "time_limit" in spec:
             parse_time(spec["time_limit"])
         if "mem" in spec:
@@ -343,13 +351,19 @@ _make_action("requeue", "Put jobs back in the queue (a running one is stopped fi
 @click.argument("job_id", type=int)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
 @click.option("--rank", default=0, show_default=True, type=click.IntRange(0), help="Node rank of a multi-node job.")
-def logs(job_id, follow, rank):
+@json_option
+def logs(job_id, follow, rank, as_json):
     """Print a job's output (stdout and stderr), read from its node."""
     c = client()
+    if as_json:
+        r = api(c.log_page, job_id, 0, rank, 4 * 2**20)
+        print_json({"job": job_id, "rank": rank, "node": r["node"], "state": r["state"], "data": r["data"],
+                    "next": r["next"]})
+        return
     offset = 0
     final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
     while True:
-        r = api(c._call, "GET", f"/v1/jobs/{job_id}/log", params={"offset": offset, "rank": rank})
+        r = api(c.log_page, job_id, offset, rank)
         if r["data"]:
             sys.stdout.write(r["data"])
             sys.stdout.flush()

@@ -128,8 +128,12 @@ class Client:
     def set_priority(self, job_id: int, priority: int) -> dict:
         return self._call("PATCH", f"/v1/jobs/{job_id}", json={"priority": priority})
 
+    def log_page(self, job_id: int, offset: int = 0, rank: int = 0, limit: int = 65536) -> dict:
+        """{"data", "next", "state", "node"}: the job's output from `offset`, read from its node."""
+        return self._call("GET", f"/v1/jobs/{job_id}/log", params={"offset": offset, "rank": rank, "limit": limit})
+
     def log(self, job_id: int, offset: int = 0, rank: int = 0) -> tuple[str, int]:
-        r = self._call("GET", f"/v1/jobs/{job_id}/log", params={"offset": offset, "rank": rank})
+        r = self.log_page(job_id, offset, rank)
         return r["data"], r["next"]
 
     # nodes

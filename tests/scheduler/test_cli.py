@@ -92,6 +92,12 @@ def test_unknown_host_key_needs_explicit_acceptance(daemon, sshd_factory):
     assert daemon.cli("node", "remove", "k1", check=True).stdout.strip() == "node k1 removed"
 
 
+def test_first_start_writes_the_admin_token_readable_only_by_its_owner(daemon):
+    path = daemon.base / "config" / "trainyard" / "client.toml"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert daemon.cli("whoami", check=True).stdout.strip().endswith("(admin)")
+
+
 def test_token_create_prints_a_working_token(daemon):
     r = daemon.cli("token", "create", "bob", "--role", "user", check=True)
     token = r.stdout.strip()

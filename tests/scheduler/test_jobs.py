@@ -117,6 +117,8 @@ def test_cli_submit_jobs_logs_follow(shared_cluster, c):
     assert out == "line1\nline2\nline3\n"
     listing = d.cli("jobs", "--all", check=True).stdout
     assert f"{job['id']} " in listing and "COMPLETED" in listing
+    logged = json.loads(d.cli("logs", str(job["id"]), "--json", check=True).stdout)
+    assert logged["data"] == "line1\nline2\nline3\n" and logged["state"] == "COMPLETED"
     shown = json.loads(d.cli("job", str(job["id"]), "--json", check=True).stdout)
     assert shown["state"] == "COMPLETED" and shown["exit_code"] == 0
 
@@ -129,6 +131,15 @@ def test_sbatch_script_directives_apply(shared_cluster, c, tmp_path):
     assert job["name"] == "tiny" and job["gpus"] == 3
     wait_job(c, job["id"], "COMPLETED")
     assert c.log(job["id"])[0].count(",") == 2
+
+
+def test_constraint_places_the_job_on_matching_nodes(shared_cluster, c):
+    d, _ = shared_cluster
+    job = json.loads(d.cli("submit", "--json", "--constraint", "rack=nowhere", "--", "true", check=True).stdout)
+    assert job["constraint"] == {"rack": "nowhere"}
+    reason = wait_for(lambda: c.job(job["id"])["reason"], 10, what="a pending reason")
+    assert reason in ("BadConstraint", "Resources")
+    c.cancel(job["id"])
 
 
 def test_more_gpus_than_any_node_is_refused_and_nothing_is_queued(shared_cluster, c):
