@@ -550,7 +550,15 @@ def create_app(daemon: Daemon) -> FastAPI:
             if active and not force:
                 ids = ", ".join(str(j.id) for j in active[:10])
                 raise Refused(f"node {name} runs jobs {ids}; drain it and wait, or remove with --force")
+            for job in active:  # forced: their runs there are lost to us (requeued if retries allow)
+                job.kill_reason, job.reason = "node_fail", f"node {name} removed by {p.user}"
+                daemon.signal_job(job, "KILL")
+                daemon.finish(s, job, {a["node"]: (None, True) for a in job.allocation})
             s.delete(node)
+            shared = s.exec(select(Node).where(Node.address == node.address, Node.port == node.port,
+                                               Node.name != name)).first()
+            if shared is None:  # a reinstalled host must be able to come back with a new key
+                unpin_host_key(daemon.known_hosts, node.address, node.port)
             daemon.record(s, p.user, "node.remove", name, {"forced": bool(active)}, p.address)
         await daemon.stop_link(name)
         return {"name": name, "removed": True}

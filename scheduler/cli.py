@@ -510,7 +510,7 @@ def node_fault(name, gpu, xid, ecc_dbe, temp, off_bus, clear):
 @click.argument("name")
 @click.option("--force", is_flag=True, help="Remove even while jobs run there (they are lost to the daemon).")
 def node_remove(name, force):
-    """Forget a node (and unpin nothing: its host key stays in known_hosts)."""
+    """Forget a node and unpin its host key (add it again with --accept-new-host-key)."""
     api(client().remove_node, name, force)
     click.echo(f"node {name} removed")
 

@@ -62,6 +62,14 @@ def descendants(root: int) -> list[int]:
     return out
 
 
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 # ----------------------------------------------------------------------------- sshd nodes
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 
@@ -124,11 +132,7 @@ class SshdNode:
         victims = descendants(self.proc.pid)
         self.proc.kill()
         self.proc.wait()
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(victims)
 
     def drop_connections(self) -> None:
         """Cut the link but keep the jobs: sshd and the agent go, the detached jobs stay."""
@@ -144,11 +148,7 @@ class SshdNode:
                 victims.append(pid)
         self.proc.kill()
         self.proc.wait()
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(victims)
 
     def new_host_key(self) -> None:
         self.host_key.unlink()

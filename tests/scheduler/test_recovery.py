@@ -87,3 +87,21 @@ def test_changed_host_key_is_refused_and_shown(daemon_factory, sshd_factory):
     assert shown["connected"] is False
     out = d.cli("nodes", check=True).stdout
     assert "host key verification failed" in out
+
+
+def test_reinstalled_node_comes_back_after_remove_and_add(daemon_factory, sshd_factory):
+    d = daemon_factory(grace=60.0)
+    node = sshd_factory("n1", d.public_key)
+    add_sshd_node(d, node)
+    c = d.client()
+    job = c.submit({"command": ["sleep", "60"], "gpus": 1, "retries": 1})
+    wait_job(c, job["id"], "RUNNING")
+    node.kill()
+    node.new_host_key()
+    node.start()
+    r = d.cli("node", "remove", "n1")
+    assert r.returncode == 1 and "drain it and wait, or remove with --force" in r.stderr
+    d.cli("node", "remove", "n1", "--force", check=True)
+    assert c.job(job["id"])["state"] == "PENDING"  # requeued: its run was lost with the node
+    add_sshd_node(d, node)
+    assert wait_job(c, job["id"], "RUNNING", timeout=20)["attempt"] == 1
