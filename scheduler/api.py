@@ -19,7 +19,7 @@ from sqlmodel import Session, col, select
 
 from . import models as m
 from .auth import hash_token, may_act_on_job, role_at_least
-from .daemon import Daemon, Refused, event_json, job_key
+from .daemon import Daemon, Refused, event_json, job_key, job_view_row
 from .jobspec import check_env_names, parse_mem, parse_time
 from .models import Event, Job, Node, Queue, Token
 from .nodes import (
@@ -640,6 +640,36 @@ def create_app(daemon: Daemon) -> FastAPI:
                     "gpus_used": sum(len(a["gpus"]) for j in active if j.queue == q.name for a in j.allocation),
                 })
             return out
+
+    @app.get("/v1/teams")
+    async def teams(p: Who):
+        """Per team: quota (nominal, borrowing and lending limits, cohort), GPUs in use, decayed
+        fair-share usage, pending and running jobs — like Slurm's sshare with Kueue's quotas."""
+        policy = daemon.policy
+        with Session(daemon.engine) as s:
+            rows = s.exec(select(*daemon.VIEW_COLUMNS).where(
+                col(Job.state).in_(m.ACTIVE_STATES | m.WAITING_STATES))).all()
+        views = [(r[11], job_view_row(r)) for r in rows]
+        running = [v for st, v in views if st in m.ACTIVE_STATES]
+        usage = daemon.ledger.decayed(time.time(), running, policy.team_of)
+        names = set(policy.teams) | {policy.team_of(v) for _, v in views} | {"default"}
+        out = []
+        for name in sorted(names):
+            quota = policy.teams.get(name)
+            mine = [(st, v) for st, v in views if policy.team_of(v) == name]
+            out.append({
+                "name": name, "cohort": quota.cohort if quota else None,
+                "nominal_gpus": quota.nominal_gpus if quota else None,
+                "borrowing_limit_gpus": quota.borrowing_limit_gpus if quota else None,
+                "lending_limit_gpus": quota.lending_limit_gpus if quota else None,
+                "fairshare_shares": quota.fairshare if quota else 1.0,
+                "users": list(quota.users) if quota else [],
+                "gpus_used": sum(v.gpus * len(v.allocation) for st, v in mine if st in m.ACTIVE_STATES),
+                "running": sum(st in m.ACTIVE_STATES for st, _ in mine),
+                "pending": sum(st in m.WAITING_STATES for st, _ in mine),
+                "usage_gpu_hours": round(usage.get(f"team:{name}", 0.0) / 3600, 3),
+            })
+        return out
 
     @app.post("/v1/tokens", status_code=201)
     async def create_token(body: TokenCreate, p: Who):

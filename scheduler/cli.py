@@ -529,6 +529,24 @@ def queues(as_json):
             fmt_duration(q["default_time_limit"]), fmt_duration(q["max_time_limit"])] for q in rows])
 
 
+@cli.command()
+@json_option
+def teams(as_json):
+    """Teams: GPU quota (nominal/borrowing/lending), GPUs in use, decayed fair-share usage, jobs."""
+    rows = api(client().teams)
+    if as_json:
+        print_json(rows)
+        return
+
+    def q(v):
+        return "-" if v is None else v
+
+    table(["TEAM", "COHORT", "GPUS", "NOMINAL", "BORROW", "LEND", "SHARES", "USAGE_GPU_H", "RUNNING", "PENDING"],
+          [[t["name"], q(t["cohort"]), t["gpus_used"], q(t["nominal_gpus"]), q(t["borrowing_limit_gpus"]),
+            q(t["lending_limit_gpus"]), t["fairshare_shares"], t["usage_gpu_hours"], t["running"], t["pending"]]
+           for t in rows])
+
+
 @cli.group()
 def token():
     """API tokens."""

@@ -168,6 +168,9 @@ class Client:
     def queues(self) -> list[dict]:
         return self._call("GET", "/v1/queues")
 
+    def teams(self) -> list[dict]:
+        return self._call("GET", "/v1/teams")
+
     def create_token(self, user: str, role: str) -> dict:
         return self._call("POST", "/v1/tokens", json={"user": user, "role": role})
 

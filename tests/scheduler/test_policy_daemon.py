@@ -56,6 +56,9 @@ def test_team_quota_holds_jobs_back_with_quotalimit(policy_cluster):
     waiting = wait_for(lambda: (j := c.job(second["id"]))["reason"] == "QuotaLimit" and j, 15,
                        what="QuotaLimit")
     assert waiting["state"] == "PENDING"
+    vision = next(t for t in c.teams() if t["name"] == "vision")
+    assert (vision["nominal_gpus"], vision["gpus_used"], vision["running"], vision["pending"]) == (4, 4, 1, 1)
+    assert "vision" in policy_cluster.cli("teams", check=True).stdout
 
 
 def test_array_concurrency_limit_and_task_ids(policy_cluster):
