@@ -175,6 +175,87 @@ def sshd_factory(tmp_path):
         n.stop()
 
 
+class NetnsSshdNode(SshdNode):
+    """An sshd in a network namespace of its own, reached over a veth pair, so that a test can
+    take the link down (no RST, no FIN: only keepalives notice). Its processes share this
+    machine's file system; only the network is separate."""
+
+    def __init__(self, base: Path, name: str, authorized_key: str):
+        super().__init__(base, name, authorized_key)
+        tag = f"{os.getpid() % 1000}{self.port % 100}"
+        octet = (os.getpid() + self.port) % 250 + 1
+        self.netns, self.host_if, self.ns_if = f"tyd-{tag}", f"tydh{tag}", f"tydn{tag}"
+        self.host_ip, self.address = f"10.232.{octet}.1", f"10.232.{octet}.2"
+        self.port = 22
+        run = lambda *a: subprocess.run(a, check=True, capture_output=True)  # noqa: E731
+        run("ip", "netns", "add", self.netns)
+        run("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
+        run("ip", "link", "set", self.ns_if, "netns", self.netns)
+        run("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if)
+        run("ip", "link", "set", self.host_if, "up")
+        for cmd in (["ip", "addr", "add", f"{self.address}/30", "dev", self.ns_if],
+                    ["ip", "link", "set", self.ns_if, "up"], ["ip", "link", "set", "lo", "up"]):
+            run("ip", "netns", "exec", self.netns, *cmd)
+
+    def config(self) -> Path:
+        cfg = super().config()
+        cfg.write_text(cfg.read_text().replace("ListenAddress 127.0.0.1", f"ListenAddress {self.address}"))
+        return cfg
+
+    def start(self) -> NetnsSshdNode:
+        if os.geteuid() == 0:
+            Path("/run/sshd").mkdir(exist_ok=True)
+        self.proc = subprocess.Popen(["ip", "netns", "exec", self.netns, SSHD, "-D", "-e", "-f", str(self.config())],
+                                     stdout=subprocess.DEVNULL, stderr=open(self.dir / "sshd.log", "ab"))
+
+        def listening():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"sshd exited: {(self.dir / 'sshd.log').read_text()}")
+            with socket.socket() as s:
+                s.settimeout(0.5)
+                return s.connect_ex((self.address, self.port)) == 0
+
+        wait_for(listening, 10, what=f"sshd {self.name} in {self.netns}")
+        return self
+
+    def link(self, up: bool) -> None:
+        subprocess.run(["ip", "link", "set", self.host_if, "up" if up else "down"], check=True)
+
+    def stop(self) -> None:
+        out = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True).stdout
+        kill_all([int(p) for p in out.split()])
+        if self.proc:
+            self.proc.wait()
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
+
+
+def netns_available() -> bool:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return False
+    probe = f"typrobe{os.getpid()}"
+    ok = subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode == 0
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return ok
+
+
+@pytest.fixture
+def netns_sshd_factory(tmp_path):
+    require_or_skip(SSHD is not None, "OpenSSH sshd is not installed (apt-get install openssh-server)")
+    if not netns_available():
+        pytest.skip("network namespaces need root and iproute2 (`ip netns add` failed): link-down tests skipped")
+    nodes: list[NetnsSshdNode] = []
+
+    def make(name: str, authorized_key: str) -> NetnsSshdNode:
+        node = NetnsSshdNode(tmp_path, name, authorized_key)
+        nodes.append(node)
+        return node.start()
+
+    yield make
+    for n in nodes:
+        n.stop()
+
+
 # ----------------------------------------------------------------------------- a daemon process
 TEST_CONFIG = """\
 [daemon]
@@ -337,7 +418,7 @@ def demo_cluster(tmp_path_factory):
 def add_sshd_node(d: DaemonProc, node: SshdNode, gpus: int = 4, labels: dict | None = None) -> dict:
     """Register an sshd node (accepting its host key) and wait until it is UP."""
     c = d.client()
-    c.add_node({"name": node.name, "address": "127.0.0.1", "port": node.port, "user": current_user(),
+    c.add_node({"name": node.name, "address": getattr(node, "address", "127.0.0.1"), "port": node.port, "user": current_user(),
                 "accept_new_host_key": True, "gpus": gpus, "gpu_model": "Test GPU",
                 "agent_dir": node.agent_dir, "labels": labels or {}})
     return wait_for(lambda: (n := c.node(node.name))["state"] == "UP" and n["gpus_total"] == gpus and n,

@@ -1,5 +1,6 @@
 """Crash safety: the daemon killed with -9, nodes lost and regained, host keys that change."""
 
+import subprocess
 import time
 
 from tests.conftest import add_sshd_node, wait_for, wait_job
@@ -105,3 +106,40 @@ def test_reinstalled_node_comes_back_after_remove_and_add(daemon_factory, sshd_f
     assert c.job(job["id"])["state"] == "PENDING"  # requeued: its run was lost with the node
     add_sshd_node(d, node)
     assert wait_job(c, job["id"], "RUNNING", timeout=20)["attempt"] == 1
+
+
+def test_link_down_past_grace_fails_over_and_the_stale_run_is_killed_when_the_link_returns(
+        daemon_factory, netns_sshd_factory, sshd_factory):
+    d = daemon_factory(grace=3.0)
+    far = netns_sshd_factory("far", d.public_key)
+    add_sshd_node(d, far)
+    c = d.client()
+    job = c.submit({"command": ["sh", "-c", 'echo run >> "$HOME/runs-x"; sleep 60'], "gpus": 4, "retries": 1})
+    wait_job(c, job["id"], "RUNNING")
+    far.link(False)  # no reset, no FIN: only the SSH keepalives can tell
+    down = wait_for(lambda: (n := c.node("far"))["state"] == "DOWN" and n, 20, what="node DOWN")
+    assert "unreachable" in down["reason"]
+    near = sshd_factory("near", d.public_key)
+    add_sshd_node(d, near)
+    again = wait_job(c, job["id"], "RUNNING", timeout=20)
+    assert again["allocation"][0]["node"] == "near" and again["attempt"] == 1
+    far.link(True)
+    wait_for(lambda: c.node("far")["state"] == "UP", 30, what="node back UP")
+    # the first run was declared NODE_FAIL and rerun elsewhere: it must not keep running
+    wait_for(lambda: any(e["action"] == "job.orphan" for e in c.events(limit=1000)), 20,
+             what="stale run killed")
+    wait_for(lambda: not commands_in(far.netns, b"sleep"), 15, what="stale run gone from the far node")
+    assert (far.dir / "runs-x").read_text().count("run") == 1
+
+
+def commands_in(netns: str, word: bytes) -> list[str]:
+    pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()
+    out = []
+    for pid in pids:
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if word in cmd:
+            out.append(cmd.decode(errors="replace"))
+    return out

@@ -126,8 +126,74 @@ async def test_queues_view_shows_queues_and_teams(backend):
         text = screen_text(app)
         for q in backend.queues():
             assert q["name"] in text
-        assert "teams" in text and "ana" in text
         assert "16" in text  # the default queue's GPU quota
+        teams = app.query_one("#teams-table")
+        assert teams.keys == [t["name"] for t in backend.teams()]
+        assert "default" in teams.keys and "nlp" in teams.keys
+        for t in backend.teams():
+            assert str(teams.get_cell(t["name"], "RUNNING")) == str(t["running"])
+            assert str(teams.get_cell(t["name"], "PENDING")) == str(t["pending"])
+        nlp = next(t for t in backend.teams() if t["name"] == "nlp")
+        gpus = str(teams.get_cell("nlp", "GPUS / QUOTA"))
+        assert f"{nlp['gpus_used']}/4" in gpus
+        if nlp["gpus_used"] > 4:  # borrowed from the cohort: shown past the quota
+            assert f"+{nlp['gpus_used'] - 4}" in gpus
+        assert str(teams.get_cell("nlp", "COHORT")) == "lab"
+        assert str(teams.get_cell("default", "GPUS / QUOTA")).endswith("/∞")
+        assert str(teams.get_cell("vision", "SHARES")) == "2"
+        assert str(teams.get_cell("vision", "BORROW")) == "8"
+        assert str(teams.get_cell("vision", "LEND")) == "4"
+
+
+async def test_teams_table_is_diff_updated_in_place(backend):
+    app = make_app(backend, view="queues")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        teams = app.query_one("#teams-table")
+        before = str(teams.get_cell("default", "PENDING"))
+        backend.submit({"command": ["true"], "gpus": 1})  # root is in no team: "default"
+        await refetch(pilot, "queues")
+        assert str(teams.get_cell("default", "PENDING")) == str(int(before) + 1)
+        assert teams.keys == [t["name"] for t in backend.teams()]
+
+
+async def test_enter_on_a_team_shows_the_jobs_charged_to_it(backend):
+    app = make_app(backend, view="queues")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        teams = app.query_one("#teams-table")
+        teams.focus()
+        teams.move_cursor(row=teams.get_row_index("infra"))
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.active_view.KIND == "jobs"
+        table = app.query_one("#jobs-table")
+        infra = {str(j["id"]) for j in backend.jobs() if j.get("account") == "infra"}
+        assert infra and set(table.keys) == infra  # charged by account, whoever submitted
+        assert "/team:infra" in screen_text(app)
+        await pilot.press("escape")
+        await pilot.pause()
+        app.show_jobs("team:vision")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        users = {str(table.get_cell(k, "USER")) for k in table.keys}
+        assert users and users <= {"ana", "bo"}
+
+
+async def test_teams_fall_back_to_per_user_without_the_endpoint(backend):
+    from tui.backend import BackendError
+
+    def no_teams():
+        raise BackendError("Not Found", 404)
+
+    backend.teams = no_teams
+    app = make_app(backend, view="queues")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        assert app.state.teams is None and "queues" not in app.state.errors
+        teams = app.query_one("#teams-table")
+        assert "ana" in teams.keys and "per user" in str(teams.border_title)
 
 
 async def test_enter_on_node_opens_its_gpus(backend):
