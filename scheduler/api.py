@@ -647,8 +647,8 @@ def create_app(daemon: Daemon) -> FastAPI:
         fair-share usage, pending and running jobs — like Slurm's sshare with Kueue's quotas."""
         policy = daemon.policy
         with Session(daemon.engine) as s:
-            rows = s.exec(select(*daemon.VIEW_COLUMNS).where(
-                col(Job.state).in_(m.ACTIVE_STATES | m.WAITING_STATES))).all()
+            rows = daemon.view_rows(s, daemon.VIEW_COLUMNS,
+                                    daemon._T.state.in_(m.ACTIVE_STATES | m.WAITING_STATES))
         views = [(r[11], job_view_row(r)) for r in rows]
         running = [v for st, v in views if st in m.ACTIVE_STATES]
         usage = daemon.ledger.decayed(time.time(), running, policy.team_of)

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import asyncssh
-from sqlalchemy import bindparam, insert, update
+from sqlalchemy import bindparam, insert, literal_column, update
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, func, select
 
 from . import models as m
@@ -78,6 +79,7 @@ class Daemon:
         self.health_acted: dict[str, set[str]] = {}  # verdict keys already acted on, per node
         self.excluded_gpus: dict[str, dict[int, str]] = {}  # node -> GPU -> why it is out of allocation
         self.last_cycle_s = 0.0
+        self._pending_cache: dict[int, tuple[tuple, JobView]] = {}
         self.url = ""
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
@@ -525,22 +527,52 @@ class Daemon:
         self.signal_job(job, "TERM")
 
     # ------------------------------------------------------------------ scheduling
-    # Columns the planner needs, read as plain rows: hydrating ORM objects for thousands of
-    # pending jobs per cycle would cost more than the planning itself.
-    VIEW_COLUMNS = (Job.id, Job.user, Job.queue, Job.name, Job.gpus, Job.nodes, Job.cpus, Job.mem_mb,
-                    Job.gpu_type, Job.priority, Job.submit_time, Job.state, Job.time_limit_s,
-                    Job.start_time, Job.allocation, Job.dependency, Job.constraint, Job.exclusive,
-                    Job.nice, Job.account, Job.array_parent, Job.array_limit, Job.attained_gpu_s,
-                    Job.kill_reason, Job.kill_time, Job.reason, Job.estimated_start)
+    # Columns the planner needs, read as plain Core rows: hydrating ORM objects (or even ORM
+    # row results) for thousands of pending jobs per cycle costs more than the planning itself.
+    _T = Job.__table__.c
+    VIEW_COLUMNS = (_T.id, _T.user, _T.queue, _T.name, _T.gpus, _T.nodes, _T.cpus, _T.mem_mb,
+                    _T.gpu_type, _T.priority, _T.submit_time, _T.state, _T.time_limit_s,
+                    _T.start_time, _T.allocation, _T.dependency, _T.constraint, _T.exclusive,
+                    _T.nice, _T.account, _T.array_parent, _T.array_limit, _T.attained_gpu_s,
+                    _T.kill_reason, _T.kill_time, _T.reason, _T.estimated_start, _T.attempt)
+    # pending jobs hold no allocation: skip decoding that JSON column for them
+    PENDING_COLUMNS = tuple(literal_column("NULL").label("allocation") if c.name == "allocation" else c
+                            for c in VIEW_COLUMNS)
+
+    def view_rows(self, s: Session, columns, *where) -> list:
+        return s.connection().execute(sa_select(*columns).where(*where)).all()
+
+    def pending_views(self, s: Session) -> tuple[list[JobView], dict[int, tuple]]:
+        """The pending jobs as JobViews, decoded only when new or changed since the last cycle.
+
+        While a job stays PENDING only its priority can change (PATCH); a requeue bumps its
+        attempt. So (attempt, priority) is the cache key; everything else is fetched once.
+        """
+        t = self._T
+        light = s.connection().execute(sa_select(t.id, t.attempt, t.priority, t.reason, t.estimated_start)
+                                       .where(t.state == m.PENDING)).all()
+        cache, fresh = self._pending_cache, {}
+        missing = []
+        for jid, attempt, prio, _reason, _est in light:
+            hit = cache.get(jid)
+            if hit is not None and hit[0] == (attempt, prio):
+                fresh[jid] = hit
+            else:
+                missing.append(jid)
+        for i in range(0, len(missing), 500):
+            for r in self.view_rows(s, self.PENDING_COLUMNS, t.id.in_(missing[i:i + 500])):
+                fresh[r[0]] = ((r[27], r[9]), job_view_row(r))
+        self._pending_cache = fresh
+        views = [fresh[jid][1] for jid, *_ in light if jid in fresh]
+        return views, {jid: (reason, est) for jid, _a, _p, reason, est in light}
 
     def snapshot(self, s: Session, now: float) -> tuple[Snapshot | None, dict[int, tuple]]:
-        rows = s.exec(select(*self.VIEW_COLUMNS).where(Job.state == m.PENDING)).all()
-        if not rows:
+        pending, rows = self.pending_views(s)
+        if not pending:
             return None, {}
-        pending = [job_view_row(r) for r in rows]
         nodes = s.exec(select(Node)).all()
-        active = [job_view_row(r) for r in s.exec(select(*self.VIEW_COLUMNS)
-                                                   .where(col(Job.state).in_(m.ACTIVE_STATES))).all()]
+        active = [job_view_row(r) for r in self.view_rows(s, self.VIEW_COLUMNS,
+                                                           self._T.state.in_(m.ACTIVE_STATES))]
         used: dict[str, set[int]] = {}
         cpus_used: dict[str, int] = {}
         mem_used: dict[str, int] = {}
@@ -573,7 +605,7 @@ class Daemon:
             nodes=node_views, pending=tuple(pending), running=tuple(active), queues=queues,
             finished=finished, usage=self.ledger.decayed(now, active, self.policy.team_of),
         )
-        return snap, {r[0]: r for r in rows}
+        return snap, rows
 
     def schedule_once(self) -> int:
         t0 = time.perf_counter()
@@ -595,8 +627,8 @@ class Daemon:
                 started.append(job)
             changed = []
             for w in decisions.waits:
-                row = rows[w.job_id]
-                if row[25] != w.reason or row[26] != w.estimated_start:  # reason, estimated_start
+                reason, est = rows[w.job_id]
+                if reason != w.reason or est != w.estimated_start:
                     changed.append({"b_id": w.job_id, "b_reason": w.reason, "b_est": w.estimated_start})
             if changed:
                 t = Job.__table__
@@ -660,8 +692,8 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.config.schedule_interval_s)
             # Pace the cycles: a burst of submissions is planned together, and scheduling never
-            # takes more than about a third of the event loop's time from the API.
-            await asyncio.sleep(min(0.25, max(0.002, 2 * self.last_cycle_s)))
+            # takes more than about a quarter of the event loop's time from the API.
+            await asyncio.sleep(min(0.25, max(0.002, 3 * self.last_cycle_s)))
             self._wake.clear()
             try:
                 self.schedule_once()
@@ -725,7 +757,8 @@ def master_port(job: Job) -> int:
 def job_view_row(r) -> JobView:
     """A JobView from one row of Daemon.VIEW_COLUMNS."""
     (jid, user, queue, name, gpus, nodes, cpus, mem, gpu_type, prio, submit, state, limit, start, alloc,
-     dep, constraint, exclusive, nice, account, parent, alimit, attained, kill_reason, kill_time, _r, _e) = r
+     dep, constraint, exclusive, nice, account, parent, alimit, attained, kill_reason, kill_time, _r, _e,
+     _attempt) = r
     return JobView(
         id=jid, user=user, queue=queue, name=name, gpus=gpus, nodes=nodes, cpus=cpus, mem_mb=mem,
         gpu_type=gpu_type, priority=prio, submit_time=submit, held=state == m.HELD, time_limit_s=limit,

@@ -15,6 +15,15 @@ STATES = ["RUNNING", "PENDING", "PENDING", "HELD", "COMPLETED", "FAILED", "RUNNI
 REASONS = {"PENDING": "Resources", "HELD": "Held"}
 USERS = ["ana", "bo", "chen", "dara", "eli"]
 QUEUES = ["default", "research", "prod"]
+# [teams.*] as the daemon's config would have them; eli is in none, so in "default".
+TEAMS = {
+    "vision": {"cohort": "lab", "nominal_gpus": 8, "borrowing_limit_gpus": 8,
+               "lending_limit_gpus": 4, "fairshare_shares": 2.0, "users": ["ana", "bo"]},
+    "nlp": {"cohort": "lab", "nominal_gpus": 4, "borrowing_limit_gpus": None,
+            "lending_limit_gpus": 0, "fairshare_shares": 1.0, "users": ["chen", "dara"]},
+    "infra": {"cohort": None, "nominal_gpus": 8, "borrowing_limit_gpus": None,
+              "lending_limit_gpus": None, "fairshare_shares": 0.5, "users": []},
+}
 
 
 class FakeBackend:
@@ -58,6 +67,7 @@ class FakeBackend:
                 "submit_time": now - 3600 + j * 7, "start_time": None, "end_time": None,
                 "exit_code": None, "allocation": [], "command": ["python", "train.py", f"--seed={j}"],
                 "time_limit": 3600 * 4, "estimated_start": None,
+                "account": "infra" if j % 10 == 0 else None,
             }
             if state in ("RUNNING", "COMPLETED", "FAILED"):
                 node = next((n for n in names if len(free[n]) >= gpus), None)
@@ -190,6 +200,36 @@ class FakeBackend:
                 })
             return out
 
+    def teams(self) -> list[dict]:
+        """As the daemon's /v1/teams: the configured teams, any team an active job is charged to,
+        and "default"; usage is the GPU-hours of the running jobs (no decay on a frozen clock)."""
+        self._check()
+        members = {u: name for name, t in TEAMS.items() for u in t["users"]}
+        with self._lock:
+            active = [j for j in self._jobs.values()
+                      if j["state"] in ("PENDING", "HELD", "STARTING", "RUNNING")]
+            team_of = {j["id"]: j.get("account") or members.get(j["user"], "default") for j in active}
+            out = []
+            for name in sorted(set(TEAMS) | set(team_of.values()) | {"default"}):
+                quota = TEAMS.get(name)
+                mine = [j for j in active if team_of[j["id"]] == name]
+                running = [j for j in mine if j["state"] in ("STARTING", "RUNNING")]
+                out.append({
+                    "name": name, "cohort": quota["cohort"] if quota else None,
+                    "nominal_gpus": quota["nominal_gpus"] if quota else None,
+                    "borrowing_limit_gpus": quota["borrowing_limit_gpus"] if quota else None,
+                    "lending_limit_gpus": quota["lending_limit_gpus"] if quota else None,
+                    "fairshare_shares": quota["fairshare_shares"] if quota else 1.0,
+                    "users": list(quota["users"]) if quota else [],
+                    "gpus_used": sum(j["gpus"] * j["nodes"] for j in running),
+                    "running": len(running),
+                    "pending": sum(1 for j in mine if j["state"] in ("PENDING", "HELD")),
+                    "usage_gpu_hours": round(sum(
+                        j["gpus"] * j["nodes"] * max(0.0, self.now - (j["start_time"] or self.now))
+                        for j in running) / 3600, 3),
+                })
+            return out
+
     def events(self, since: int = 0, limit: int = 200) -> list[dict]:
         self._check()
         return [e for e in self._events if e["id"] > since][-limit:]
@@ -282,6 +322,7 @@ class FakeBackend:
                 "priority": spec.get("priority") or 100, "submit_time": self.now, "start_time": None,
                 "end_time": None, "exit_code": None, "allocation": [], "command": spec.get("command"),
                 "time_limit": spec.get("time_limit"), "estimated_start": None,
+                "account": spec.get("account"),
             }
             self._jobs[job_id] = job
             self._event(job["user"], "job.submit", f"job/{job_id}", {"name": job["name"]})

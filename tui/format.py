@@ -235,6 +235,53 @@ def queue_cells(queue: dict) -> tuple:
     )
 
 
+def quota_bar(used: int | None, nominal: int | None, width: int = 8) -> Text:
+    """GPUs in use against a nominal quota: `████░░░░ 4/8`; beyond it the borrowed GPUs show as
+    `████████ 12/8 +4` (borrowed from the cohort); no quota is `4/∞`."""
+    used = used or 0
+    if nominal is None:
+        return Text(f"{used}/∞")
+    inside = min(used, nominal)
+    filled = max(0, min(width, round(width * inside / nominal))) if nominal else 0
+    pct = 100 * used / nominal if nominal else (100 if used else 0)
+    text = Text("█" * filled, style=load_style(pct, 50, 90))
+    text.append("░" * (width - filled), style="dim")
+    text.append(f" {used}/{nominal}")
+    if used > nominal:
+        text.append(f" +{used - nominal}", style="bold magenta")
+    return text
+
+
+def _limit(value: int | None, quota: bool) -> str:
+    """A borrowing or lending limit: none set is unlimited (∞); a team without a quota, or
+    outside a cohort (nothing to borrow from or lend to), has none (-)."""
+    if not quota:
+        return "-"
+    return "∞" if value is None else str(value)
+
+
+def team_cells(team: dict) -> tuple:
+    quota = team.get("nominal_gpus") is not None and bool(team.get("cohort"))
+    pending = team.get("pending")
+    return (
+        team.get("name", "?"),
+        team.get("cohort") or "-",
+        quota_bar(team.get("gpus_used"), team.get("nominal_gpus")),
+        _limit(team.get("borrowing_limit_gpus"), quota),
+        _limit(team.get("lending_limit_gpus"), quota),
+        num(team.get("fairshare_shares"), "{:g}"),
+        num(team.get("usage_gpu_hours"), "{:.2f}"),
+        Text(num(team.get("running"), "{}"), style="green" if team.get("running") else ""),
+        Text(num(pending, "{}"), style="yellow" if pending else ""),
+    )
+
+
+def team_of(job: dict, user_teams: dict[str, str]) -> str:
+    """The team a job is charged to, as the daemon maps it: its account, else its user's team,
+    else "default"."""
+    return job.get("account") or user_teams.get(job.get("user") or "", "default")
+
+
 def team_usage(jobs: Iterable[dict], key: str = "user") -> dict[str, dict[str, int]]:
     """Pending, running and GPUs in use per team (by default per user) from the job list."""
     out: dict[str, dict[str, int]] = {}

@@ -23,6 +23,19 @@ SOON = 0.2  # seconds: coalesces a burst of events into one fetch per source
 BACKOFF_MAX = 10.0
 
 
+def queues_and_teams(backend: Backend) -> dict:
+    """The queues source: the queues and the teams, in one fetch on one worker. A daemon without
+    /v1/teams (404) gives teams None, and the queues view falls back to per-user counts."""
+    queues = backend.queues()
+    try:
+        teams = backend.teams()
+    except BackendError as exc:
+        if exc.status != 404:
+            raise
+        teams = None
+    return {"queues": queues, "teams": teams}
+
+
 class RefreshMixin:
     """Mixed into the App: owns the fetch timers and the event stream thread."""
 
@@ -70,6 +83,8 @@ class RefreshMixin:
         if source == "events":
             since = self.state.last_event_id
             return lambda b: b.events(since=since, limit=500)
+        if source == "queues":
+            return queues_and_teams
         return lambda b: getattr(b, source)()
 
     def fetch(self, source: str) -> None:

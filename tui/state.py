@@ -74,6 +74,9 @@ class ClusterState:
     nodes: list[dict] = field(default_factory=list)
     jobs: list[dict] = field(default_factory=list)
     queues: list[dict] = field(default_factory=list)
+    # From /v1/teams, fetched with the queues; None while unknown or when the daemon has no such
+    # endpoint (the queues view then falls back to per-user counts from the job list).
+    teams: list[dict] | None = None
     events: deque = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
     fetched_at: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
@@ -93,6 +96,9 @@ class ClusterState:
                 self.history.forget({n.get("name") for n in data})
         elif source == "events":
             self.add_events(data)
+        elif source == "queues" and isinstance(data, dict):
+            self.queues = data.get("queues") or []
+            self.teams = data.get("teams")
         else:
             setattr(self, source, data)
 
@@ -102,6 +108,10 @@ class ClusterState:
         fresh = [e for e in sorted(events, key=lambda e: e.get("id", 0)) if e.get("id", 0) > last]
         self.events.extend(fresh)
         return fresh
+
+    def user_teams(self) -> dict[str, str]:
+        """user -> team, from the teams' member lists (a user in none is in "default")."""
+        return {u: t["name"] for t in self.teams or () for u in t.get("users") or () if t.get("name")}
 
     def node(self, name: str) -> dict | None:
         return next((n for n in self.nodes if n.get("name") == name), None)

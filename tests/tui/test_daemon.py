@@ -175,3 +175,44 @@ async def test_queues_events_priority_release_and_requeue(demo_cluster):
         events = [e["action"] for e in client.events(limit=500) if e["target"] == str(held["id"])]
         assert "job.requeue" in events
         client.cancel(held["id"])
+
+
+async def test_teams_table_counts_a_submitted_job_under_default(demo_cluster):
+    """/v1/teams through the TUI: the demo has no [teams], so root's job is charged to default."""
+    url, token = demo_cluster
+    client = Client(url, token)
+    job = client.submit({"command": ["sleep", "300"], "name": "tui-team", "gpus": 1})
+    try:
+        await _teams_table_shows_the_job(url, token, client, job["id"])
+    finally:
+        client.cancel(job["id"])
+
+
+async def _teams_table_shows_the_job(url, token, client, job_id) -> None:
+    app = _app(url, token, view="queues")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        teams = app.query_one("#teams-table")
+
+        def default_running() -> int | None:
+            return next((t["running"] for t in client.teams() if t["name"] == "default"), None)
+
+        def agrees() -> bool:
+            expected = default_running()
+            return ("default" in teams.keys and expected is not None
+                    and str(teams.get_cell("default", "RUNNING")) == str(expected))
+
+        await _until(pilot, lambda: client.job(job_id)["state"] == "RUNNING", tries=500)
+        assert client.job(job_id)["state"] == "RUNNING"
+        await _until(pilot, lambda: agrees() and default_running() >= 1, tries=500)
+        assert "default" in teams.keys
+        expected = default_running()
+        assert expected >= 1
+        assert str(teams.get_cell("default", "RUNNING")) == str(expected)
+        assert "default" in _text(app) and "teams [" in _text(app)
+        teams.focus()
+        teams.move_cursor(row=teams.get_row_index("default"))
+        await pilot.press("enter")
+        jobs = app.query_one("#jobs-table")
+        await _until(pilot, lambda: str(job_id) in jobs.keys, tries=250)
+        assert str(job_id) in jobs.keys and "/team:default" in _text(app)

@@ -202,7 +202,7 @@ class JobsView(JobActions, ResourceView):
         self.show_all = False
 
     def server_keys(self) -> tuple[str, ...]:
-        return ("state", "user", "queue")
+        return ("state", "user", "queue", "team")  # team: filtered here, not by the daemon
 
     def server_query(self) -> dict:
         """What to ask the daemon for: the page, finished jobs or not, and key:value filters."""
@@ -217,6 +217,11 @@ class JobsView(JobActions, ResourceView):
 
     def items(self, state: ClusterState) -> dict[str, Any]:
         jobs = sorted(state.jobs, key=lambda j: j.get("id") or 0, reverse=True)
+        server, _ = fmt.parse_filter(self.filter, self.server_keys())
+        team = server.get("team")
+        if team is not None:  # the daemon's mapping: account, else the user's team, else default
+            members = state.user_teams()
+            jobs = [j for j in jobs if fmt.team_of(j, members).lower() == team]
         return {str(j["id"]): j for j in jobs if j.get("id") is not None}
 
     def cells(self, item: Any, now: float) -> tuple:
@@ -243,12 +248,14 @@ class JobsView(JobActions, ResourceView):
 
 
 class QueuesView(ResourceView):
-    """Queues from the daemon, and per team (user) usage computed from the job list."""
+    """Queues from the daemon, and per team its quota, fair share and jobs (from /v1/teams)."""
 
     KIND = "queues"
     COLUMNS = [("QUEUE", 14), ("STATE", 8), ("PRIORITY", 8), ("PENDING", 8), ("RUNNING", 8),
                ("GPUS / QUOTA", 16), ("FAIR SHARE", 10)]
-    TEAM_COLUMNS = [("TEAM", 14), ("PENDING", 8), ("RUNNING", 8), ("GPUS IN USE", 12)]
+    TEAM_COLUMNS = [("TEAM", 14), ("COHORT", 10), ("GPUS / QUOTA", 18), ("BORROW", 6),
+                    ("LEND", 6), ("SHARES", 6), ("USAGE GPU-H", 11), ("RUNNING", 7),
+                    ("PENDING", 7)]
 
     def compose(self) -> ComposeResult:
         yield KeyedTable(self.COLUMNS, id="queues-table")
@@ -258,6 +265,10 @@ class QueuesView(ResourceView):
     def table(self) -> KeyedTable:
         return self.query_one("#queues-table", KeyedTable)
 
+    @property
+    def teams_table(self) -> KeyedTable:
+        return self.query_one("#teams-table", KeyedTable)
+
     def items(self, state: ClusterState) -> dict[str, Any]:
         return {q["name"]: q for q in state.queues if q.get("name")}
 
@@ -265,22 +276,35 @@ class QueuesView(ResourceView):
         return fmt.queue_cells(item)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        """Enter on a queue or a team: its jobs (a daemon-side filter on the jobs view)."""
+        """Enter on a queue or a team: its jobs (queue: a daemon-side filter on the jobs view;
+        team: the jobs the daemon charges to it, by account or by member)."""
         event.stop()
-        key = "queue" if event.data_table.id == "queues-table" else "user"
-        self.app.show_jobs(f"{key}:{event.row_key.value}")
+        if event.data_table.id == "queues-table":
+            self.app.show_jobs(f"queue:{event.row_key.value}")
+        elif self.app.state.teams is None:  # per-user fallback rows
+            self.app.show_jobs(f"user:{event.row_key.value}")
+        else:
+            self.app.show_jobs(f"team:{event.row_key.value}")
 
     def show(self, state: ClusterState, now: float) -> None:
         super().show(state, now)
         _, terms = fmt.parse_filter(self.filter)
-        teams = {}
-        for team, usage in sorted(fmt.team_usage(state.jobs).items()):
-            cells = (team, str(usage["pending"]), str(usage["running"]), str(usage["gpus"]))
+        if state.teams is None:
+            # A daemon without /v1/teams (or none heard yet): per user, from the jobs shown.
+            teams = [{"name": user, "pending": u["pending"], "running": u["running"],
+                      "gpus_used": u["gpus"], "fairshare_shares": None}
+                     for user, u in sorted(fmt.team_usage(state.jobs).items())]
+            title = " teams (per user, from the jobs shown) "
+        else:
+            teams = [t for t in state.teams if t.get("name")]
+            title = f" teams [{len(teams)}] "
+        rows = {}
+        for team in teams:
+            cells = fmt.team_cells(team)
             if not terms or fmt.match_filter(fmt.row_text(cells), terms):
-                teams[team] = cells
-        teams_table = self.query_one("#teams-table", KeyedTable)
-        teams_table.sync(teams)
-        teams_table.border_title = " teams (from the jobs shown) "
+                rows[team["name"]] = cells
+        self.teams_table.sync(rows)
+        self.teams_table.border_title = title
 
 
 class EventsView(ResourceView):
