@@ -168,9 +168,14 @@ class Daemon:
                 await t
         await asyncio.gather(*(link.stop() for link in self.links.values()), return_exceptions=True)
         self.links.clear()
+        self.close_streams()
+        self.engine.dispose()
+
+    def close_streams(self) -> None:
+        """End every server-sent event stream (their readers reconnect to the next daemon)."""
         for q in list(self.subscribers):
             q.put_nowait(None)
-        self.engine.dispose()
+        self.subscribers.clear()
 
     def wake(self) -> None:
         if self._wake is not None:

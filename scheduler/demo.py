@@ -113,7 +113,7 @@ def run_demo(nodes: int, gpus: int, tui: bool, listen: str, workdir: str | None)
             finally:
                 loop.call_soon_threadsafe(stop_holder["stop"].set)
                 t.join(15)
-            print_lines(info, base)
+            click.echo(f"demo stopped; its state is kept in {base}", err=True)
             return
 
     async def headless():

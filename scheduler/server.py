@@ -68,7 +68,7 @@ async def serve(daemon: Daemon, sock: socket.socket, on_ready: Callable[[Daemon]
     daemon.url = f"http://{shown}:{port}"
     app = create_app(daemon)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_keep_alive=75, server_header=False)
+                            timeout_keep_alive=75, server_header=False, timeout_graceful_shutdown=5)
     server = _Server(config)
     await daemon.start()
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -85,6 +85,7 @@ async def serve(daemon: Daemon, sock: socket.socket, on_ready: Callable[[Daemon]
             waiters.append(asyncio.create_task(stop.wait()))
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        daemon.close_streams()  # open event streams would hold uvicorn's graceful shutdown
         server.should_exit = True
         try:
             await asyncio.wait_for(task, 10)
