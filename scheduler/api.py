@@ -215,7 +215,7 @@ def field_message(err: dict) -> str:
 
 
 # ---------------------------------------------------------------------------- authentication
-def principal(request: Request) -> Principal:
+async def principal(request: Request) -> Principal:
     """Who is calling: the bearer token's user and role (tokens are looked up by their hash)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")

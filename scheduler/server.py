@@ -68,7 +68,8 @@ async def serve(daemon: Daemon, sock: socket.socket, on_ready: Callable[[Daemon]
     daemon.url = f"http://{shown}:{port}"
     app = create_app(daemon)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_keep_alive=75, server_header=False, timeout_graceful_shutdown=5)
+                            timeout_keep_alive=75, server_header=False, timeout_graceful_shutdown=5,
+                            proxy_headers=False)  # the audit log records the real peer address
     server = _Server(config)
     await daemon.start()
     task = asyncio.create_task(server.serve(sockets=[sock]))
