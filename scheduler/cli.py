@@ -255,7 +255,8 @@ def submit(ctx, args, parsable, as_json, **opts):
     elif parsable:
         click.echo(job["id"])
     else:
-        click.echo(f"Submitted job {job['id']}" + (" (held)" if job["state"] == "HELD" else ""))
+        what = f"array job {job['id']} ({spec['array']})" if spec.get("array") else f"job {job['id']}"
+        click.echo(f"Submitted {what}" + (" (held)" if job["state"] == "HELD" else ""))
 
 
 @cli.command()
