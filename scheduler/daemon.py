@@ -694,8 +694,11 @@ class Daemon:
     async def _schedule_loop(self) -> None:
         assert self._wake is not None
         while self._running:
+            # with nothing new, re-plan now and then (ages, reservations), but a big queue that
+            # costs long cycles is re-planned less often when nothing changes
+            idle = max(self.config.schedule_interval_s, 10 * self.last_cycle_s)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.config.schedule_interval_s)
+                await asyncio.wait_for(self._wake.wait(), idle)
             # Pace the cycles: a burst of submissions is planned together, and scheduling never
             # takes more than about a quarter of the event loop's time from the API.
             await asyncio.sleep(min(0.25, max(0.002, 3 * self.last_cycle_s)))
@@ -715,8 +718,12 @@ class Daemon:
                 log.exception("housekeeping failed")
 
     def housekeeping(self, now: float) -> None:
+        t = self._T
         with self.tx() as s:
-            for job in s.exec(select(Job).where(col(Job.state).in_(m.ACTIVE_STATES))).all():
+            # only jobs being stopped or with a time limit can need anything here
+            due = s.exec(select(Job).where(col(Job.state).in_(m.ACTIVE_STATES),
+                                           (t.kill_reason != "") | t.time_limit_s.is_not(None))).all()
+            for job in due:
                 grace = self.config.kill_grace_s if job.kill_grace_s is None else job.kill_grace_s
                 if job.kill_reason and job.kill_time and now - job.kill_time > grace:
                     job.kill_time = now  # SIGKILL again each grace period until it is gone
@@ -746,8 +753,8 @@ class Daemon:
     # ------------------------------------------------------------------ queries used by API
     def gpu_usage(self, s: Session) -> dict[str, int]:
         used: dict[str, int] = {}
-        for j in s.exec(select(Job).where(col(Job.state).in_(m.ACTIVE_STATES))).all():
-            for a in j.allocation:
+        for (alloc,) in self.view_rows(s, (self._T.allocation,), self._T.state.in_(m.ACTIVE_STATES)):
+            for a in alloc or ():
                 used[a["node"]] = used.get(a["node"], 0) + len(a["gpus"])
         return used
 
