@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 
 from .models import ROLES
@@ -19,10 +18,6 @@ def hash_token(token: str) -> str:
     # Tokens carry 256 bits of entropy, so a fast hash is enough (as for GitHub's tokens):
     # there is nothing to brute-force, and lookups stay O(1) by hash.
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-def same_hash(a: str, b: str) -> bool:
-    return hmac.compare_digest(a, b)
 
 
 def role_at_least(role: str, needed: str) -> bool:
