@@ -684,6 +684,25 @@ def create_app(daemon: Daemon) -> FastAPI:
         token = daemon.create_token(body.user, body.role, p.user, p.address)
         return {"user": body.user, "role": body.role, "token": token}
 
+    @app.get("/v1/tokens")
+    async def list_tokens(p: Who):
+        need(p, "admin", "listing tokens")
+        with Session(daemon.engine) as s:
+            return [{"id": t.id, "user": t.user, "role": t.role, "created_at": t.created_at,
+                     "created_by": t.created_by} for t in s.exec(select(Token).order_by(Token.id)).all()]
+
+    @app.delete("/v1/tokens/{token_id}")
+    async def revoke_token(token_id: int, p: Who):
+        need(p, "admin", "revoking tokens")
+        with daemon.tx() as s:
+            row = s.get(Token, token_id)
+            if row is None:
+                raise HTTPException(404, f"token {token_id} does not exist; `trainyard token list` shows them")
+            s.delete(row)
+            daemon.record(s, p.user, "token.revoke", row.user, {"token_id": token_id, "role": row.role}, p.address)
+        app.state.token_cache.pop(row.token_hash, None)  # refused from the next request on
+        return {"id": token_id, "user": row.user, "revoked": True}
+
     @app.get("/v1/events")
     async def events(request: Request, p: Who, since: int = Query(0, ge=0),
                      limit: int = Query(200, ge=1, le=10000), stream: bool = False):

@@ -567,6 +567,26 @@ def token_create(user, role, as_json):
         click.echo(f"token for {t['user']} ({t['role']}); it is shown only now", err=True)
 
 
+@token.command("list")
+@json_option
+def token_list(as_json):
+    """List tokens: id, user, role, when and by whom created (never the secrets)."""
+    rows = api(client().tokens)
+    if as_json:
+        print_json(rows)
+        return
+    table(["ID", "USER", "ROLE", "CREATED", "BY"],
+          [[t["id"], t["user"], t["role"], fmt_time(t["created_at"]), t["created_by"]] for t in rows])
+
+
+@token.command("revoke")
+@click.argument("token_id", type=int)
+def token_revoke(token_id):
+    """Revoke a token by its id (see `trainyard token list`); it is refused from then on."""
+    t = api(client().revoke_token, token_id)
+    click.echo(f"token {t['id']} of {t['user']} revoked")
+
+
 @cli.command()
 @json_option
 def whoami(as_json):

@@ -174,6 +174,12 @@ class Client:
     def create_token(self, user: str, role: str) -> dict:
         return self._call("POST", "/v1/tokens", json={"user": user, "role": role})
 
+    def tokens(self) -> list[dict]:
+        return self._call("GET", "/v1/tokens")
+
+    def revoke_token(self, token_id: int) -> dict:
+        return self._call("DELETE", f"/v1/tokens/{token_id}")
+
     def events(self, since: int = 0, limit: int = 200) -> list[dict]:
         return self._call("GET", "/v1/events", params={"since": since, "limit": limit})
 

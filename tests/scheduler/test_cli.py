@@ -107,6 +107,20 @@ def test_token_create_prints_a_working_token(daemon):
     assert r.returncode == 1 and "needs the admin role; bob is user" in r.stderr
 
 
+def test_revoked_token_is_refused_at_once(daemon):
+    token = daemon.cli("token", "create", "mallory", "--role", "operator", check=True).stdout.strip()
+    assert daemon.cli("whoami", token=token, check=True).stdout.strip() == "mallory (operator)"
+    listed = json.loads(daemon.cli("token", "list", "--json", check=True).stdout)
+    entry = next(t for t in listed if t["user"] == "mallory")
+    assert "token" not in entry and "token_hash" not in entry
+    assert daemon.cli("token", "revoke", str(entry["id"]), check=True).stdout.strip() == \
+        f"token {entry['id']} of mallory revoked"
+    r = daemon.cli("whoami", token=token)
+    assert r.returncode == 1 and "invalid token" in r.stderr
+    r = daemon.cli("token", "revoke", str(entry["id"]))
+    assert r.returncode == 1 and "does not exist" in r.stderr
+
+
 def test_demo_no_tui_prints_settings_runs_jobs_and_stops_on_sigint(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     proc = subprocess.Popen([PY, "-m", "scheduler.cli", "demo", "--no-tui", "--nodes", "2", "--gpus-per-node", "2",
