@@ -458,7 +458,9 @@ class Daemon:
             self.ledger.charge_run(job.user, team, gpus, job.start_time, job.end_time)
         job.exit_code = failed_rc if failed_rc is not None else (codes[0] if codes else None)
         reason = ""
-        if job.kill_reason == "cancel":
+        if job.kill_reason == "node_fail":  # the daemon gave up on the node (down, removed)
+            state, reason = m.NODE_FAIL, job.reason or "node down"
+        elif job.kill_reason == "cancel":
             state = m.CANCELLED
         elif job.kill_reason == "timeout":
             state, reason = m.TIMEOUT, f"time limit {job.time_limit_s}s reached"
@@ -472,8 +474,6 @@ class Daemon:
             state = m.COMPLETED
         else:
             state, reason = m.FAILED, f"exit code {failed_rc}"
-        if job.kill_reason == "node_fail":
-            state, reason = m.NODE_FAIL, job.reason or "node down"
         for n in nodes:
             link = self.links.get(n)
             if link:
