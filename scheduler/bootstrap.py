@@ -15,6 +15,9 @@ from typing import Any
 
 import click
 
+from . import exitcodes
+from .config import home
+
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 INVENTORY_SCRIPT = PLAYBOOKS / "inventory" / "trainyard_inventory.py"
 
@@ -391,14 +394,12 @@ def format_summary(result: BootstrapResult) -> str:
 
 
 def default_ssh_public_key() -> Path:
-    home = os.environ.get("TRAINYARD_HOME") or os.path.expanduser("~/.local/share/trainyard")
-    return Path(home) / "ssh" / "id_ed25519.pub"
+    return home() / "ssh" / "id_ed25519.pub"
 
 
 def default_events_path() -> Path:
-    home = os.environ.get("TRAINYARD_HOME") or os.path.expanduser("~/.local/share/trainyard")
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    return Path(home) / "bootstrap" / f"{stamp}-{os.getpid()}.jsonl"
+    return home() / "bootstrap" / f"{stamp}-{os.getpid()}.jsonl"
 
 
 def read_public_key(path: Path) -> str:
@@ -533,7 +534,7 @@ def bootstrap(
             raise BootstrapError("the inventory has no nodes; nothing to bootstrap")
     except BootstrapError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)
 
     if ssh_user:
         extravars["ansible_user"] = ssh_user
@@ -576,7 +577,7 @@ def bootstrap(
         click.echo("", file=out)
         click.echo(format_summary(result), file=out)
         click.echo(f"events: {events}", file=out)
-    sys.exit(0 if result.succeeded else 1)
+    sys.exit(exitcodes.OK if result.succeeded else exitcodes.FAILED)
 
 
 def _client(required: bool):
@@ -585,10 +586,13 @@ def _client(required: bool):
 
     try:
         return client_module.Client.from_env()
+    except client_module.BadSettings as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exitcodes.USAGE)
     except client_module.NotConfigured as exc:
         if required:
             click.echo(f"error: {exc}", err=True)
-            sys.exit(3)
+            sys.exit(exitcodes.UNREACHABLE)
         return None
 
 
@@ -615,12 +619,12 @@ def _daemon_nodes(client) -> list[dict]:
         click.echo(
             f"error: the daemon is unreachable: {exc}; start it or check TRAINYARD_URL", err=True
         )
-        sys.exit(3)
+        sys.exit(exitcodes.UNREACHABLE)
     except client_module.ApiError as exc:
         click.echo(
             f"error: the daemon refused to list nodes: {getattr(exc, 'detail', exc)}", err=True
         )
-        sys.exit(1)
+        sys.exit(exitcodes.REFUSED)
 
 
 def _client_credentials(client) -> tuple[str, str]:

@@ -1,6 +1,7 @@
 """The `trainyard` command line: a thin client of the daemon's API (imports lazily for speed).
 
-Exit codes: 0 ok, 1 the daemon refused (message on stderr), 2 usage error, 3 daemon unreachable.
+Exit codes (scheduler.exitcodes): 0 ok, 1 the daemon refused (message on stderr), 2 usage
+error, 3 daemon unreachable.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from click.core import ParameterSource
 
-EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+from .exitcodes import REFUSED, UNREACHABLE, USAGE
 
 # Subcommands that live in their own modules, imported only when invoked so that
 # `trainyard jobs` does not pay for Pulumi, Ansible, Textual or the daemon.
@@ -24,6 +26,7 @@ LAZY_COMMANDS = {
     "bootstrap": ("scheduler.bootstrap", "bootstrap"),
     "simulate": ("scheduler.simulate", "simulate"),
     "tui": ("tui.cli", "tui"),
+    "slurm": ("scheduler.slurm.commands", "slurm"),
 }
 
 
@@ -41,18 +44,22 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-def fail(message: str, code: int = EXIT_REFUSED) -> None:
-    click.echo(f"trainyard: error: {message}", err=True)
+def fail(message: str, code: int = REFUSED) -> NoReturn:
+    """Say what went wrong, one problem a line, and exit with `code`."""
+    for line in str(message).splitlines() or [""]:
+        click.echo(f"trainyard: error: {line}", err=True)
     sys.exit(code)
 
 
 def client():
-    from .client import Client, NotConfigured
+    from .client import BadSettings, Client, NotConfigured
 
     try:
         return Client.from_env()
+    except BadSettings as e:
+        fail(str(e), USAGE)
     except NotConfigured as e:
-        fail(str(e), EXIT_UNREACHABLE)
+        fail(str(e), UNREACHABLE)
 
 
 def api(call: Callable, *args, **kwargs):
@@ -62,27 +69,42 @@ def api(call: Callable, *args, **kwargs):
     try:
         return call(*args, **kwargs)
     except ApiError as e:
-        fail(e.detail, EXIT_REFUSED)
+        fail(e.detail, REFUSED)
     except Unreachable as e:
-        fail(f"{e}; is `trainyard daemon` running? (TRAINYARD_URL)", EXIT_UNREACHABLE)
+        fail(f"{e}; is `trainyard daemon` running? (TRAINYARD_URL)", UNREACHABLE)
 
 
 def print_json(data) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
-def table(headers: list[str], rows: Iterable[list], out=None) -> None:
-    rows = [[("" if c is None else str(c)) for c in r] for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    click.echo("\n".join(lines), file=out)
+def table(headers: list[str], rows: Iterable[list]) -> None:
+    """An squeue-style table: a header line, then one line per row, columns two spaces apart.
+
+    Cells are plain text (never rich markup); lines are never cut or wrapped when stdout is a
+    pipe, so `grep` and `awk` see every row whole.
+    """
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    tty = sys.stdout.isatty()
+    console = Console(width=None if tty else 1_000_000, highlight=False, soft_wrap=not tty)
+    t = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 2, 0, 0),
+              header_style="bold" if tty else "")
+    for h in headers:
+        t.add_column(h, no_wrap=not tty)
+    for r in rows:
+        t.add_row(*(Text("" if c is None else str(c)) for c in r))
+    with console.capture() as captured:
+        console.print(t)
+    click.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 def fmt_duration(seconds: float | None) -> str:
-    from .jobspec import format_time
+    from .units import format_duration
 
-    return format_time(seconds) if seconds is not None else "-"
+    return format_duration(seconds)
 
 
 def fmt_time(ts: float | None) -> str:
@@ -121,26 +143,32 @@ def daemon(config_path, listen, db, verbose):
     import logging
     import signal
 
-    from .config import DaemonConfig, home
+    from .config import home
+    from .settings import DaemonConfig
+
+    try:
+        config = DaemonConfig.load(config_path)
+    except ValueError as e:
+        fail(str(e), USAGE)
+    if listen is not None:
+        try:
+            config.listen = listen
+        except ValueError:
+            fail(f"--listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:8471", USAGE)
+    if db is not None:
+        config.db = db
+
     from .daemon import Daemon
     from .server import bind, raise_nofile_limit, run, serve
     from .store import SchemaError
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        config = DaemonConfig.load(config_path)
-    except ValueError as e:
-        fail(str(e), EXIT_USAGE)
-    if listen:
-        config.listen = listen
-    if db:
-        config.db = db
     raise_nofile_limit()
     try:
         d = Daemon(config, home())
     except ValueError as e:  # a bad [scheduler], [queues], [teams] or [health] table
-        fail(f"{config_path}: {e}", EXIT_USAGE)
+        fail(f"{config_path}: {e}", USAGE)
     try:
         d.prepare()
     except SchemaError as e:
@@ -151,7 +179,7 @@ def daemon(config_path, listen, db, verbose):
     try:
         sock = bind(config.listen)
     except ValueError as e:
-        fail(str(e), EXIT_USAGE)
+        fail(str(e), USAGE)
     except OSError as e:
         fail(str(e))
 
@@ -217,14 +245,28 @@ def submit(ctx, args, parsable, as_json, **opts):
     A SCRIPT's #SBATCH lines are read as defaults (job name, nodes, gpus, time, mem, ...);
     options given here win.
     """
-    from .jobspec import parse_env, parse_mem, parse_time, sbatch_directives
+    from .jobspec import parse_env, sbatch_directives
+    from .units import parse_mem, parse_time_limit
 
     if not args:
         raise click.UsageError("nothing to run: give `-- COMMAND...` or a SCRIPT file")
     spec: dict = {}
-    dashdash = "--" in sys.argv[1:]
-    if len(args) == 1 and not dashdash and Path(args[0]).is_file():
-        script = Path(args[0]).read_text()
+    if _after_dashdash(args):
+        spec["command"] = list(args)
+    else:
+        script_path = Path(args[0])
+        if len(args) > 1:
+            raise click.UsageError(
+                f"{' '.join(args)!r}: to run a command, put it after `--` "
+                f"(trainyard submit [OPTIONS] -- {' '.join(args)}); without `--` give one SCRIPT file")
+        if not script_path.is_file():
+            what = "is a directory" if script_path.is_dir() else "does not exist"
+            raise click.UsageError(f"script {args[0]!r} {what}; to run a command instead, put it after "
+                                   f"`--`: trainyard submit -- {args[0]}")
+        try:
+            script = script_path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise click.UsageError(f"cannot read script {args[0]!r}: {e}") from None
         try:
             directives = sbatch_directives(script)
         except ValueError as e:
@@ -233,9 +275,7 @@ def submit(ctx, args, parsable, as_json, **opts):
             directives["nice"] = directives.pop("priority_nice")
         spec.update(directives)
         spec["script"] = script
-        spec.setdefault("name", Path(args[0]).name)
-    else:
-        spec["command"] = list(args)
+        spec.setdefault("name", script_path.name)
     for key, value in opts.items():
         if ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE or (key not in spec and value not in (None, (), False)):
             spec[key] = value
@@ -243,9 +283,9 @@ def submit(ctx, args, parsable, as_json, **opts):
         if "nice" in spec:
             spec["nice"] = int(spec["nice"])
         if "time_limit" in spec:
-            parse_time(spec["time_limit"])
+            parse_time_limit(spec["time_limit"], "--time")
         if "mem" in spec:
-            parse_mem(spec["mem"])
+            parse_mem(spec["mem"], "--mem")
         spec["env"] = parse_env(spec.get("env", ()))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
@@ -256,7 +296,14 @@ def submit(ctx, args, parsable, as_json, **opts):
         click.echo(job["id"])
     else:
         what = f"array job {job['id']} ({spec['array']})" if spec.get("array") else f"job {job['id']}"
-        click.echo(f"Submitted {what}" + (" (held)" if job["state"] == "HELD" else ""))
+        held = job["state"] == "HELD" or str(job.get("reason") or "").startswith("JobHeld")
+        click.echo(f"Submitted {what}" + (" (held)" if held else ""))
+
+
+def _after_dashdash(args: tuple[str, ...]) -> bool:
+    """Whether ARGS came after `--` on the command line (a COMMAND, not a SCRIPT path)."""
+    argv = sys.argv[1:]
+    return any(a == "--" and argv[i + 1:] == list(args) for i, a in enumerate(argv))
 
 
 @cli.command()
@@ -321,7 +368,7 @@ def _job_action(action: str, ids: tuple[int, ...], as_json: bool) -> None:
             failed = True
             continue
         except Unreachable as e:
-            fail(str(e), EXIT_UNREACHABLE)
+            fail(str(e), UNREACHABLE)
         results.append(j)
         if not as_json:
             click.echo(f"job {j['id']}: {j['state']}" + (" (stopping)" if action in ("cancel", "requeue")
@@ -329,7 +376,7 @@ def _job_action(action: str, ids: tuple[int, ...], as_json: bool) -> None:
     if as_json:
         print_json(results)
     if failed:
-        sys.exit(EXIT_REFUSED)
+        sys.exit(REFUSED)
 
 
 def _make_action(action: str, doc: str):
@@ -362,7 +409,7 @@ def logs(job_id, follow, rank, as_json):
                     "next": r["next"]})
         return
     offset = 0
-    final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
+    final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
     while True:
         r = api(c.log_page, job_id, offset, rank)
         if r["data"]:
@@ -465,7 +512,7 @@ def node_import(inventory, accept_new_host_key, as_json):
         for r in results:
             click.echo(f"{r['name']}: " + ("added" if r["ok"] else f"FAILED: {r['error']}"))
     if not all(r["ok"] for r in results):
-        sys.exit(EXIT_REFUSED)
+        sys.exit(REFUSED)
 
 
 @node.command("drain")

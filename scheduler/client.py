@@ -30,30 +30,69 @@ class NotConfigured(Exception):
     """No daemon URL or token is configured."""
 
 
+class BadSettings(NotConfigured):
+    """A client setting is there but malformed (a URL that is not one, a token with spaces)."""
+
+
 def load_settings() -> tuple[str, str]:
+    """The daemon's URL and a token: TRAINYARD_URL and TRAINYARD_TOKEN, else client.toml."""
     url = os.environ.get("TRAINYARD_URL", "")
     token = os.environ.get("TRAINYARD_TOKEN", "")
-    if url and token:
-        return url, token
-    path = client_config_path()
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        data = {}
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise NotConfigured(f"cannot read {path}: {e}") from None
-    url = url or data.get("url", "")
-    token = token or data.get("token", "")
-    if not url or not token:
-        raise NotConfigured(
-            f"no daemon configured: set TRAINYARD_URL and TRAINYARD_TOKEN, or start `trainyard daemon` "
-            f"once on this machine (it writes {path})"
-        )
+    url_source, token_source = "TRAINYARD_URL", "TRAINYARD_TOKEN"
+    if not (url and token):
+        path = client_config_path()
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            data = {}
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise BadSettings(f"cannot read {path}: {e}") from None
+        if not url:
+            url, url_source = data.get("url", ""), f"{path}: url"
+        if not token:
+            token, token_source = data.get("token", ""), f"{path}: token"
+        if not url or not token:
+            raise NotConfigured(
+                f"no daemon configured: set TRAINYARD_URL and TRAINYARD_TOKEN, or start `trainyard daemon` "
+                f"once on this machine (it writes {path})"
+            )
+    check_url(url, url_source)
+    check_token(token, token_source)
     return url, token
+
+
+def check_url(url: object, source: str = "daemon URL") -> None:
+    """Refuse, in one line naming `source`, a daemon URL that httpx could not use."""
+    example = "e.g. http://127.0.0.1:8471"
+    if not isinstance(url, str):
+        raise BadSettings(f"{source} = {url!r}: expected a URL as text, {example}")
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+        if parsed.host and ":" not in parsed.host:  # a name, not an IPv6 address
+            parsed.host.encode("idna")  # what the resolver will need; fails as it would
+    except (httpx.InvalidURL, ValueError) as e:
+        raise BadSettings(f"{source} = {url!r} is not a valid URL ({e}); {example}") from None
+    if parsed.scheme not in ("http", "https"):
+        raise BadSettings(f"{source} = {url!r}: expected an http:// or https:// URL, {example}")
+    if not parsed.host:
+        raise BadSettings(f"{source} = {url!r} names no host; {example}")
+    if port is not None and not 0 < port < 65536:
+        raise BadSettings(f"{source} = {url!r}: port {port} is out of range; {example}")
+
+
+def check_token(token: object, source: str = "token") -> None:
+    """Tokens are printable ASCII without spaces (they travel in an HTTP header)."""
+    if not isinstance(token, str) or not token.isascii() or not token.isprintable() or " " in token:
+        # never echo a secret, not even a malformed one
+        raise BadSettings(f"{source} is not a token: expected printable ASCII without spaces, "
+                          "as `trainyard token create` prints it")
 
 
 class Client:
     def __init__(self, url: str, token: str, timeout: float = 10.0):
+        check_url(url)
+        check_token(token)
         self.url = url.rstrip("/")
         self._http = httpx.Client(
             base_url=self.url, timeout=timeout,
@@ -78,15 +117,15 @@ class Client:
             r = self._http.request(method, path, **kw)
         except httpx.TransportError as e:
             raise Unreachable(f"cannot reach the daemon at {self.url}: {e or type(e).__name__}") from None
+        except httpx.HTTPError as e:  # a reply httpx could not decode, too many redirects
+            raise ApiError(0, f"bad reply from {self.url}: {e or type(e).__name__}") from None
         if r.status_code >= 400:
-            try:
-                detail = r.json().get("detail", r.text)
-            except ValueError:
-                detail = r.text or r.reason_phrase
-            if not isinstance(detail, str):
-                detail = json.dumps(detail)
-            raise ApiError(r.status_code, detail)
-        return r.json()
+            raise ApiError(r.status_code, error_detail(r))
+        try:
+            return r.json()
+        except ValueError:
+            raise ApiError(r.status_code, f"the reply from {self.url}{path} is not JSON "
+                           f"({_excerpt(r.text) or 'empty'}); is that trainyard's daemon?") from None
 
     # identity and cluster
     def me(self) -> dict:
@@ -191,9 +230,40 @@ class Client:
                                    timeout=httpx.Timeout(10.0, read=60.0)) as r:
                 if r.status_code >= 400:
                     r.read()
-                    raise ApiError(r.status_code, r.json().get("detail", r.text))
+                    raise ApiError(r.status_code, error_detail(r))
                 for line in r.iter_lines():
                     if line.startswith("data: "):
                         yield json.loads(line[6:])
         except httpx.TransportError as e:
             raise Unreachable(f"event stream from {self.url} ended: {e or type(e).__name__}") from None
+
+
+def error_detail(r: httpx.Response) -> str:
+    """The daemon's refusal in one line: its `detail`, FastAPI's field errors as `field: why`,
+    or, for a reply that is not the API's JSON (a proxy's page, a crash), the status."""
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, str) and detail:
+        return _excerpt(detail)
+    if isinstance(detail, list) and detail:
+        parts = []
+        for item in detail:
+            if isinstance(item, dict):
+                loc = [str(p) for p in item.get("loc", ()) if p not in ("body", "query", "path")]
+                msg = str(item.get("msg", item))
+                parts.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
+            else:
+                parts.append(str(item))
+        return _excerpt("; ".join(parts))
+    status = f"the daemon answered {r.status_code} {r.reason_phrase}".rstrip()
+    text = _excerpt(r.text if detail is None else json.dumps(detail))
+    return f"{status}: {text}" if text and text != r.reason_phrase else status
+
+
+def _excerpt(text: str, limit: int = 300) -> str:
+    """One line of at most `limit` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -1,17 +1,24 @@
-"""Where trainyard keeps things, and the daemon's settings (trainyard.toml)."""
+"""Where trainyard keeps things: TRAINYARD_HOME, the client's settings file, private files.
+
+Light on purpose (the CLI imports it on every call); the typed trainyard.toml lives in
+scheduler.settings, and `DaemonConfig` is reachable from here for the code that imports it.
+"""
 
 from __future__ import annotations
 
 import os
-import tomllib
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .settings import DaemonConfig
+
+DEFAULT_HOME = "~/.local/share/trainyard"
 
 
 def home() -> Path:
-    """The daemon's state directory: database, known_hosts, its SSH key."""
-    return Path(os.environ.get("TRAINYARD_HOME") or "~/.local/share/trainyard").expanduser()
+    """The daemon's state directory (database, known_hosts, its SSH key): $TRAINYARD_HOME."""
+    return Path(os.environ.get("TRAINYARD_HOME") or DEFAULT_HOME).expanduser()
 
 
 def client_config_path() -> Path:
@@ -36,55 +43,15 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-@dataclass
-class DaemonConfig:
-    """Settings of `trainyard daemon`; every field can be set in the [daemon] table."""
+def __getattr__(name: str):
+    # `from scheduler.config import DaemonConfig` keeps working without making every CLI
+    # call pay for pydantic and the planner.
+    if name == "DaemonConfig":
+        from .settings import DaemonConfig
 
-    listen: str = "127.0.0.1:8471"  # loopback unless configured otherwise
-    db: str = ""  # default: sqlite file under TRAINYARD_HOME
-    cluster_name: str = "trainyard"
-    # a node unreachable this long goes DOWN and its jobs NODE_FAIL
-    node_grace_s: float = 60.0
-    connect_timeout_s: float = 10.0
-    keepalive_interval_s: float = 3.0
-    keepalive_count_max: int = 3
-    reconnect_max_backoff_s: float = 10.0
-    # seconds between SIGTERM and SIGKILL for cancel, timeout and preemption
-    kill_grace_s: float = 10.0
-    schedule_interval_s: float = 1.0
-    telemetry_interval_s: float = 2.0
-    # the raw [scheduler], [queues.*] and [teams.*] tables, handed to the planner's policy
-    policy: dict[str, Any] = field(default_factory=dict)
-    # the raw [health] table: GPU health rules (scheduler/health.py)
-    health: dict[str, Any] = field(default_factory=dict)
+        return DaemonConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    @classmethod
-    def load(cls, path: str | Path | None) -> DaemonConfig:
-        if path is None:
-            return cls()
-        p = Path(path).expanduser()
-        try:
-            data = tomllib.loads(p.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"config file {str(p)!r} does not exist") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"config file {str(p)!r} is not valid TOML: {e}") from None
-        daemon = data.get("daemon", {})
-        known = {f.name: f for f in fields(cls)}
-        known.pop("policy")
-        known.pop("health")
-        kwargs: dict[str, Any] = {}
-        for key, value in daemon.items():
-            if key not in known:
-                raise ValueError(f"{p}: unknown setting [daemon].{key}; known: {', '.join(sorted(known))}")
-            want = type(getattr(cls(), key))
-            if want is float and isinstance(value, int):
-                value = float(value)
-            if not isinstance(value, want):
-                raise ValueError(f"{p}: [daemon].{key} = {value!r} should be a {want.__name__}")
-            kwargs[key] = value
-        policy = {k: v for k, v in data.items() if k in ("scheduler", "queues", "teams")}
-        unknown = set(data) - {"daemon", "scheduler", "queues", "teams", "health"}
-        if unknown:
-            raise ValueError(f"{p}: unknown table [{sorted(unknown)[0]}]; known: daemon, scheduler, queues, teams, health")
-        return cls(**kwargs, policy=policy, health=data.get("health", {}))
+
+__all__ = ["DEFAULT_HOME", "DaemonConfig", "client_config_path", "home", "parse_listen",
+           "write_private"]

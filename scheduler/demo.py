@@ -46,21 +46,21 @@ async def start_demo(base: Path, nodes: int, gpus: int, listen: str = "127.0.0.1
     daemon.prepare()
     pub = (daemon.key_path.parent / "id_ed25519.pub").read_text()
     sims = await start_sim_nodes(base / "nodes", nodes, gpus, pub)
-    with daemon.tx() as s:
+    with daemon.store.tx() as s:
         for i, sim in enumerate(sims):
             pin_host_key(daemon.known_hosts, "127.0.0.1", sim.port, sim.host_key)
             s.add(Node(name=sim.name, address="127.0.0.1", port=sim.port, user=getpass.getuser(),
                        pool="demo", provider="onprem", gpu_model="NVIDIA H100 80GB HBM3 (simulated)",
                        gpus_total=gpus, simulated=True, state=m.DOWN, reason="connecting",
                        labels={"rack": f"r{(i // 2) + 1}"}, created_at=time.time()))
-            daemon.record(s, "demo", "node.add", sim.name, {"simulated": True, "port": sim.port})
+            daemon.store.record(s, "demo", "node.add", sim.name, {"simulated": True, "port": sim.port})
     token = daemon.create_token(getpass.getuser(), "admin", "demo")
     return daemon, bind(listen), sims, token
 
 
 async def wait_nodes_up(daemon: Daemon, count: int, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and sum(link.connected for link in daemon.links.values()) < count:
+    while time.monotonic() < deadline and daemon.links.connected_count() < count:
         await asyncio.sleep(0.05)
 
 

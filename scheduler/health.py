@@ -14,7 +14,7 @@ GPU fields (docs/gpu.md): `xid_events` (XID codes that arrived since the previou
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 DRAIN_NODE = "drain_node"
 EXCLUDE_GPU = "exclude_gpu"
@@ -60,7 +60,8 @@ class Verdict:
 
 @dataclass
 class HealthRules:
-    """The `[health]` table of trainyard.toml. Each rule's action: drain_node, exclude_gpu or off."""
+    """GPU health rules (trainyard.toml's [health], read by scheduler.settings). Each rule's
+    action: drain_node, exclude_gpu or off."""
 
     xid: str = DRAIN_NODE
     fatal_xids: frozenset = field(default_factory=lambda: FATAL_XIDS)
@@ -73,35 +74,8 @@ class HealthRules:
     history_samples: int = 300
 
     def __post_init__(self):
-        for name in ("xid", "ecc_dbe", "remap_failure", "off_bus", "temp"):
-            value = getattr(self, name)
-            if value not in ACTIONS:
-                raise ValueError(f"health.{name} = {value!r}: the action must be one of "
-                                 f"{', '.join(ACTIONS)}")
-        xids = self.fatal_xids
-        if isinstance(xids, (str, bytes)) or not hasattr(xids, "__iter__") or any(
-                isinstance(x, bool) or not isinstance(x, int) or x <= 0 for x in xids):
-            raise ValueError(f"health.fatal_xids = {xids!r}: expected a list of positive XID numbers")
-        self.fatal_xids = frozenset(xids)
-        for name, lo in (("temp_c", 1), ("temp_period_s", 0), ("history_samples", 2)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < lo:
-                raise ValueError(f"health.{name} = {value!r}: expected a number >= {lo}")
-        if not isinstance(self.history_samples, int):
-            raise ValueError(f"health.history_samples = {self.history_samples!r}: expected a whole number")
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> HealthRules:
-        """From a `[health]` TOML table; ValueError names the key and the value it refused."""
-        if d is None:
-            return cls()
-        if not isinstance(d, dict):
-            raise ValueError(f"[health] must be a table, not {d!r}")
-        known = {f.name for f in fields(cls)}
-        for key, value in d.items():
-            if key not in known:
-                raise ValueError(f"health.{key} = {value!r}: unknown setting; known: {', '.join(sorted(known))}")
-        return cls(**d)
+        # values are validated where they are read (scheduler.settings); keep lookups O(1)
+        self.fatal_xids = frozenset(self.fatal_xids)
 
 
 def _gpus(sample: dict) -> list:

@@ -1,73 +1,13 @@
-"""Job requests: Slurm-style time/memory values, K=V env, and #SBATCH directives in scripts.
+"""Job requests as a Slurm user writes them: K=V env and #SBATCH directives in scripts.
 
 Stdlib only: the CLI validates here before it talks to the daemon, and the API validates the
-same way, so a bad value gets the same message from both.
+same way, so a bad value gets the same message from both. Times and sizes: scheduler.units.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-_MEM_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)B?$", re.IGNORECASE)
-
-
-def parse_time(value: str | int | float) -> int:
-    """Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; or seconds as a number."""
-    if isinstance(value, bool):
-        raise ValueError(f"time limit {value!r} is not a duration")
-    if isinstance(value, int | float):
-        if value <= 0:
-            raise ValueError(f"time limit {value!r} must be positive")
-        return int(value)
-    text = value.strip()
-    m = _TIME_RE.match(text)
-    if not m:
-        raise ValueError(
-            f"time limit {value!r} is not a duration; use MM, HH:MM:SS or D-HH:MM:SS (e.g. 1:30:00)"
-        )
-    days, a, b, c = m.groups()
-    parts = [int(x) for x in (a, b, c) if x is not None]
-    if days is not None:  # D-HH[:MM[:SS]]
-        h, mi, s = (parts + [0, 0])[:3]
-        seconds = int(days) * 86400 + h * 3600 + mi * 60 + s
-    elif len(parts) == 1:  # MM
-        seconds = parts[0] * 60
-    elif len(parts) == 2:  # MM:SS
-        seconds = parts[0] * 60 + parts[1]
-    else:  # HH:MM:SS
-        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
-    if seconds <= 0:
-        raise ValueError(f"time limit {value!r} must be positive")
-    return seconds
-
-
-def format_time(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    days, rest = divmod(seconds, 86400)
-    h, rest = divmod(rest, 3600)
-    m, s = divmod(rest, 60)
-    return f"{days}-{h:02d}:{m:02d}:{s:02d}" if days else f"{h:d}:{m:02d}:{s:02d}"
-
-
-def parse_mem(value: str | int) -> int:
-    """Memory in MB from 16G, 512M, 1.5T or a plain number of megabytes."""
-    if isinstance(value, bool):
-        raise ValueError(f"memory {value!r} is not a size")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"memory {value!r} must not be negative")
-        return value
-    m = _MEM_RE.match(value.strip())
-    if not m:
-        raise ValueError(f"memory {value!r} is not a size; use e.g. 16G or 512M")
-    number, unit = float(m.group(1)), m.group(2).upper()
-    factor = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
-    return int(number * factor)
-
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

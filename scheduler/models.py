@@ -7,18 +7,24 @@ from typing import Any
 from sqlalchemy import JSON, Column, Index, Text
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-# Job states, in Slurm's words. STARTING is the write-ahead mark (DESIGN.md boundary 2):
-# the allocation is committed, the launch is in flight.
-PENDING, HELD, STARTING, RUNNING = "PENDING", "HELD", "STARTING", "RUNNING"
+# Job states, in Slurm's words. CONFIGURING is the write-ahead mark (DESIGN.md boundary 2):
+# the allocation is committed, the launch is in flight. A held job is PENDING with reason
+# JobHeldUser or JobHeldAdmin, as in Slurm.
+PENDING, CONFIGURING, RUNNING = "PENDING", "CONFIGURING", "RUNNING"
 COMPLETED, FAILED, CANCELLED, TIMEOUT = "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"
-PREEMPTED, NODE_FAIL = "PREEMPTED", "NODE_FAIL"
-JOB_STATES = (PENDING, HELD, STARTING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT,
-              PREEMPTED, NODE_FAIL)
-ACTIVE_STATES = frozenset({STARTING, RUNNING})
-WAITING_STATES = frozenset({PENDING, HELD})
-FINAL_STATES = frozenset({COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL})
+PREEMPTED, NODE_FAIL, OUT_OF_MEMORY = "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"
+JOB_STATES = (PENDING, CONFIGURING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT,
+              PREEMPTED, NODE_FAIL, OUT_OF_MEMORY)
+ACTIVE_STATES = frozenset({CONFIGURING, RUNNING})
+WAITING_STATES = frozenset({PENDING})
+FINAL_STATES = frozenset({COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY})
+
+# Hold kinds and their pending reasons: a user may release only a hold of their own.
+HOLD_USER, HOLD_ADMIN = "user", "admin"
+HELD_USER, HELD_ADMIN = "JobHeldUser", "JobHeldAdmin"
+HOLD_REASONS = {HOLD_USER: HELD_USER, HOLD_ADMIN: HELD_ADMIN}
 
 # Node states.
 UP, DRAINING, DRAINED, DOWN = "UP", "DRAINING", "DRAINED", "DOWN"
@@ -41,7 +47,7 @@ class Node(SQLModel, table=True):
     port: int = 22
     user: str = "trainyard"
     key_path: str | None = None  # private key; None: the daemon's own key
-    agent_dir: str = ".trainyard"  # where the agent keeps its files, relative to the login dir
+    agent_dir: str = ""  # where the agent keeps its files; "": its node-local default
     pool: str = "default"
     provider: str = "onprem"
     gpu_model: str = ""
@@ -54,6 +60,8 @@ class Node(SQLModel, table=True):
     # the agent's own view (hello): GPU indices it sees; allocations never use others
     gpu_indices: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     simulated: bool = False
+    # what the agent said of itself in hello: protocol version, fencing, runtimes
+    agent_info: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     last_seen: float | None = None
     created_at: float = 0.0
 
@@ -67,6 +75,7 @@ class Job(SQLModel, table=True):
     queue: str = "default"
     state: str = PENDING
     reason: str = ""
+    held: str = ""  # "", HOLD_USER or HOLD_ADMIN
     command: list[str] | None = Field(default=None, sa_column=Column(JSON))
     script: str | None = Field(default=None, sa_column=Column(Text))
     gpus: int = 0  # per node

@@ -1,28 +1,74 @@
-"""SSH sessions to nodes: one asyncssh connection per node, one long-lived agent channel on it."""
+"""SSH sessions to nodes: one asyncssh connection per node, one long-lived agent channel on it.
+
+Per session: connect (pinned host key), ask the node where the agent lives (nodestate.py run
+by the node's python3), upload the agent's bundle when that version is not there yet (SFTP,
+or `cat` over an exec channel where sshd has no SFTP subsystem), run it, and check the
+protocol version in its hello. Every reason a node cannot come up reaches on_link in one line.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import io
 import json
 import logging
 import random
 import shlex
+import zipfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
 
+from .protocol import PROTOCOL_VERSION
+
 log = logging.getLogger("trainyard.nodes")
 
-AGENT_SOURCE = Path(__file__).with_name("agent.py")
+HERE = Path(__file__).parent
+# The agent's bundle: what real nodes run. The demo's GPU simulator (simgpu.py) is not in it.
+BUNDLE_MODULES = ("agent", "protocol", "gpus", "nodestate", "accounts", "fencing", "jobstep")
+BUNDLE_MAIN = "import sys\n\nimport agent\n\nsys.exit(agent.main(sys.argv[1:]))\n"
+MIN_PYTHON = (3, 8)
 
 
-def agent_bytes() -> tuple[bytes, str]:
-    data = AGENT_SOURCE.read_bytes()
+@functools.cache
+def agent_bundle() -> tuple[bytes, str]:
+    """The agent as one zip application (`python3 agent-<digest>.pyz`), and its digest.
+
+    Built reproducibly (fixed times and order), so the digest names this version exactly."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        files = [(f"{m}.py", (HERE / f"{m}.py").read_bytes()) for m in BUNDLE_MODULES]
+        files.append(("__main__.py", BUNDLE_MAIN.encode()))
+        for name, data in files:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            z.writestr(info, data)
+    data = buf.getvalue()
     return data, hashlib.sha256(data).hexdigest()[:16]
+
+
+def one_line(text: str, limit: int = 600) -> str:
+    """A reason for `trainyard nodes`: one line, the end kept when it is long."""
+    text = " | ".join(part.strip() for part in str(text).strip().splitlines() if part.strip())
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def _python_check() -> str:
+    """Shell that fails, with a sentence on stderr, where python3 is missing or too old."""
+    want = ".".join(map(str, MIN_PYTHON))
+    return (
+        'command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed on the node '
+        '(not on PATH $PATH); bootstrap it first (trainyard bootstrap)" >&2; exit 127; }; '
+        f"python3 -c 'import sys; sys.exit(sys.version_info < {MIN_PYTHON!r})' || "
+        '{ echo "python3 on the node is $(python3 -V 2>&1); the agent needs Python '
+        f'{want} or newer" >&2; exit 126; }}; '
+    )
 
 
 class NodeError(Exception):
@@ -36,9 +82,10 @@ class SshTarget:
     port: int
     user: str
     key_path: str
-    agent_dir: str = ".trainyard"
+    agent_dir: str = ""  # "" (or ".trainyard"): the node-local default, see nodestate.py
     declared_gpus: int = 0
     gpu_model: str = ""
+    min_uid: int = 1000  # jobs never run as an account below this uid
 
 
 @dataclass(frozen=True)
@@ -124,14 +171,66 @@ async def connect(target: SshTarget, settings: SshSettings) -> asyncssh.SSHClien
 
 
 async def probe(target: SshTarget, settings: SshSettings) -> str:
-    """Connect once and check that python3 is there; returns its version or raises NodeError."""
+    """Connect once and check that python3 is there and new enough; returns its version or
+    raises NodeError saying why the node cannot run the agent."""
     conn = await connect(target, settings)
     async with conn:
-        result = await conn.run("python3 -c 'import sys; print(sys.version.split()[0])'", timeout=15)
+        result = await conn.run(_python_check() + "python3 -c 'import platform; "
+                                "print(platform.python_version())'", timeout=15)
         if result.exit_status != 0:
-            raise NodeError(f"python3 is missing on the node ({(result.stderr or '').strip()[:200]}); "
-                            "bootstrap it first (`trainyard bootstrap`)")
+            raise NodeError(one_line(result.stderr or f"python3 failed (exit {result.exit_status})"))
         return str(result.stdout).strip()
+
+
+async def locate(conn: asyncssh.SSHClientConnection, target: SshTarget, bundle: str) -> dict:
+    """Ask the node where its agent lives (nodestate.py, run by the node's python3): the
+    directory, whether this bundle is there; NodeError says why the node cannot host it."""
+    source = (HERE / "nodestate.py").read_text()
+    cmd = _python_check() + "exec python3 -c " + " ".join(
+        shlex.quote(a) for a in (source, target.agent_dir, target.name, bundle))
+    try:
+        result = await conn.run(cmd, timeout=30)
+    except (OSError, asyncssh.Error) as e:
+        raise NodeError(f"cannot run commands on the node: {describe(e)}") from None
+    if result.exit_status != 0:
+        raise NodeError(one_line(result.stderr or f"the node's python3 failed (exit {result.exit_status})"))
+    try:
+        info = json.loads(str(result.stdout).strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise NodeError(one_line(f"unexpected answer from the node's python3: {result.stdout!r} "
+                                 f"{result.stderr or ''}")) from None
+    if info.get("error"):
+        raise NodeError(one_line(info["error"]))
+    return info
+
+
+async def upload(conn: asyncssh.SSHClientConnection, remote: str, data: bytes) -> str:
+    """Put the agent's bundle at `remote` atomically: over SFTP, else over an exec channel
+    (`cat`), as Ansible does where sshd has no SFTP subsystem. Returns the way it went."""
+    tmp = f"{remote}.{random.getrandbits(32):08x}.tmp"
+    try:
+        async with conn.start_sftp_client() as sftp:
+            async with sftp.open(tmp, "wb", asyncssh.SFTPAttrs(permissions=0o600)) as f:
+                await f.write(data)
+            try:
+                await sftp.posix_rename(tmp, remote)
+            except asyncssh.SFTPOpUnsupported:
+                await sftp.rename(tmp, remote)
+        return "sftp"
+    except (OSError, asyncssh.Error) as e:
+        sftp_error = describe(e)
+    q = shlex.quote
+    cmd = f"umask 077 && cat > {q(tmp)} && mv -f {q(tmp)} {q(remote)}"
+    try:
+        result = await conn.run(cmd, input=data, encoding=None, timeout=120)
+    except (OSError, asyncssh.Error) as e:
+        raise NodeError(f"cannot upload the agent: no SFTP ({sftp_error}) and no exec channel "
+                        f"either ({describe(e)})") from None
+    if result.exit_status != 0:
+        err = (result.stderr or b"").decode("utf-8", "replace")
+        raise NodeError(one_line(f"cannot upload the agent: no SFTP ({sftp_error}), and `cat` "
+                                 f"over an exec channel failed (exit {result.exit_status}): {err}"))
+    return "exec"
 
 
 MessageHandler = Callable[[str, dict], None]
@@ -203,7 +302,7 @@ class NodeLink:
                 await self._session()
                 backoff = 0.2
             except NodeError as e:
-                self.last_error = str(e)
+                self.last_error = one_line(str(e))
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # never let one node's surprise kill its link for good
@@ -229,56 +328,89 @@ class NodeLink:
         conn = await connect(t, self.settings)
         self._conn = conn
         try:
-            data, digest = agent_bytes()
-            remote = f"{t.agent_dir.rstrip('/')}/agent-{digest}.py"
-            try:
-                async with conn.start_sftp_client() as sftp:
-                    if not await sftp.exists(remote):
-                        await sftp.makedirs(t.agent_dir, exist_ok=True)
-                        tmp = remote + ".tmp"
-                        async with sftp.open(tmp, "wb") as f:
-                            await f.write(data)
-                        await sftp.posix_rename(tmp, remote)
-            except (OSError, asyncssh.Error) as e:
-                raise NodeError(f"cannot upload the agent over SFTP: {describe(e)}") from None
-            cmd = " ".join(shlex.quote(a) for a in [
-                "exec", "python3", remote, "--root", t.agent_dir, "--gpus", str(t.declared_gpus),
-                "--gpu-model", t.gpu_model, "--telemetry", str(self.settings.telemetry_interval_s),
-            ])
-            cmd = cmd.replace("'exec'", "exec", 1)
-            try:
-                proc = await conn.create_process(cmd, encoding="utf-8")
-            except (OSError, asyncssh.Error) as e:
-                raise NodeError(f"cannot start the agent: {describe(e)}") from None
-            self._stdin = proc.stdin
-            first = True
-            async for line in proc.stdout:
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    log.warning("node %s: agent said %r", self.name, line[:200])
-                    continue
-                if first:
-                    first = False
-                    self.connected = True
-                    self.last_error = ""
-                    r = self.on_link(self.name, True, "")
-                    if asyncio.iscoroutine(r):
-                        await r
-                rid = msg.get("id")
-                if rid is not None and rid in self._waiters:
-                    fut = self._waiters[rid]
-                    if not fut.done():
-                        fut.set_result(msg)
-                    if msg.get("ev") != "error":
-                        continue
-                self.on_message(self.name, msg)
-            # stdout closed: the agent exited or the connection dropped
-            status = proc.exit_status
-            err = (await proc.stderr.read()) if proc.stderr else ""
-            raise NodeError(
-                "agent channel closed" + (f" (agent exit {status}: {err.strip()[-300:]})" if status else "")
-            )
+            data, digest = agent_bundle()
+            bundle = f"agent-{digest}.pyz"
+            where = await locate(conn, t, bundle)
+            remote = f"{where['dir']}/{bundle}"
+            replace = not where.get("have_bundle")
+            for attempt in (1, 2):
+                if replace:
+                    how = await upload(conn, remote, data)
+                    log.info("node %s: agent %s uploaded over %s", self.name, digest, how)
+                proc, hello = await self._start_agent(conn, remote, where["dir"])
+                version = hello.get("protocol")
+                if version == PROTOCOL_VERSION:
+                    break
+                proc.close()
+                if attempt == 2:
+                    raise NodeError(f"the agent at {remote} speaks protocol {version!r}, the "
+                                    f"daemon {PROTOCOL_VERSION}, and replacing it did not help")
+                log.warning("node %s: agent speaks protocol %r, not %d: replacing it",
+                            self.name, version, PROTOCOL_VERSION)
+                replace = True
+            await self._serve(proc, hello)
         finally:
             self._conn = None
             conn.close()
+
+    async def _start_agent(self, conn: asyncssh.SSHClientConnection, remote: str, directory: str):
+        """Run the agent; returns (process, hello) or raises NodeError with the reason."""
+        t = self.target
+        cmd = "exec " + " ".join(shlex.quote(a) for a in [
+            "python3", remote, "--dir", directory, "--node", t.name, "--gpus", str(t.declared_gpus),
+            "--gpu-model", t.gpu_model, "--telemetry", str(self.settings.telemetry_interval_s),
+            "--min-uid", str(t.min_uid),
+        ])
+        try:
+            proc = await conn.create_process(cmd, encoding="utf-8")
+        except (OSError, asyncssh.Error) as e:
+            raise NodeError(f"cannot start the agent: {describe(e)}") from None
+        async for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                log.warning("node %s: agent said %r", self.name, line[:200])
+                continue
+            if msg.get("ev") == "hello":
+                return proc, msg
+            if msg.get("ev") == "error" and msg.get("fatal"):
+                proc.close()
+                raise NodeError(one_line(msg.get("error") or "the agent refused to start"))
+        await proc.wait_closed()
+        raise NodeError(await self._ended(proc, "before it said hello"))
+
+    async def _ended(self, proc, when: str) -> str:
+        status = proc.exit_status
+        err = ""
+        with contextlib.suppress(Exception):
+            err = await asyncio.wait_for(proc.stderr.read(), 2)
+        if status is None:
+            return f"the connection was lost {when}"
+        tail = one_line(err, 400)
+        return f"the agent exited with status {status} {when}" + (f": {tail}" if tail else "")
+
+    async def _serve(self, proc, hello: dict) -> None:
+        self._stdin = proc.stdin
+        self.connected = True
+        self.last_error = ""
+        r = self.on_link(self.name, True, "")
+        if asyncio.iscoroutine(r):
+            await r
+        self.on_message(self.name, hello)
+        async for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                log.warning("node %s: agent said %r", self.name, line[:200])
+                continue
+            rid = msg.get("id")
+            if rid is not None and rid in self._waiters:
+                fut = self._waiters[rid]
+                if not fut.done():
+                    fut.set_result(msg)
+                if msg.get("ev") != "error":
+                    continue
+            self.on_message(self.name, msg)
+        # stdout closed: the agent exited or the connection dropped
+        await proc.wait_closed()
+        raise NodeError(await self._ended(proc, "while serving the node"))

@@ -11,89 +11,24 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
 
 import click
 
 from scheduler.planner import JobView, NodeView, PolicyConfig, QueuePolicy, Snapshot, plan
 from scheduler.planner.fairshare import UsageLedger
-from scheduler.planner.policy import PRESETS
+from scheduler.planner.ordering import PendingOrder
+from scheduler.planner.policy import SIMULATION_PRESETS
+from scheduler.predict import JobFeatures, Prediction, Predictor
+from scheduler.traces import (
+    TraceError,
+    TraceJob,
+    load_trace,  # noqa: F401  (re-exported for callers of this module)
+    parse_window,
+    read_trace,
+)
 
 DEFAULT_QUEUE = "default"
-PHILLY_COLUMNS = {"timestamp", "duration", "num_gpus", "cluster"}
-GENERIC_COLUMNS = {"submit_time", "duration", "gpus"}
-
-
-# --- trace ----------------------------------------------------------------------------------
-
-@dataclass(slots=True)
-class TraceJob:
-    """One job of a trace: when it was submitted, how long it ran, how many GPUs it used."""
-
-    id: int
-    submit: float  # seconds from the first submission
-    duration: float
-    gpus: int
-    vc: str = ""  # the trace's virtual cluster / queue name ("" if none)
-    user: str = ""
-    team: str = ""
-    nodes: int | None = None  # gang size when the trace says so
-
-
-def load_trace(path: str | Path) -> list[TraceJob]:
-    """Read a Philly CSV (timestamp,duration,num_gpus,gpu_time,cluster) or a generic CSV
-    (submit_time,duration,gpus[,nodes,queue,user,team]); returns jobs sorted by submit time.
-    Ties keep file order, so replays are deterministic."""
-    path = Path(path)
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        cols = set(reader.fieldnames or ())
-        if cols >= PHILLY_COLUMNS:
-            rows = _philly_rows(reader, path)
-        elif cols >= GENERIC_COLUMNS:
-            rows = _generic_rows(reader, path)
-        else:
-            raise click.BadParameter(
-                f"{path}: unknown trace columns {sorted(cols)}; expected Philly's "
-                f"{sorted(PHILLY_COLUMNS)} or {sorted(GENERIC_COLUMNS)} (+ nodes, queue, user, team)",
-                param_hint="--trace",
-            )
-    rows.sort(key=lambda j: (j.submit, j.id))
-    if rows:
-        t0 = rows[0].submit
-        for j in rows:
-            j.submit -= t0
-    return rows
-
-
-def _philly_rows(reader, path: Path) -> list[TraceJob]:
-    out = []
-    for i, row in enumerate(reader, start=1):
-        if not row.get("timestamp"):
-            continue  # the file ends with an empty line
-        try:
-            ts = datetime.strptime(row["timestamp"], "%Y-%m-%d %H:%M:%S").timestamp()
-            out.append(TraceJob(i, ts, float(row["duration"]), int(row["num_gpus"]),
-                                row["cluster"]))
-        except (ValueError, KeyError) as e:
-            raise click.BadParameter(f"{path}, row {i + 1}: {e}", param_hint="--trace") from e
-    return out
-
-
-def _generic_rows(reader, path: Path) -> list[TraceJob]:
-    out = []
-    for i, row in enumerate(reader, start=1):
-        if not row.get("submit_time"):
-            continue
-        try:
-            nodes = int(row["nodes"]) if row.get("nodes") else None
-            out.append(TraceJob(i, float(row["submit_time"]), float(row["duration"]),
-                                int(row["gpus"]), row.get("queue") or "", row.get("user") or "",
-                                row.get("team") or "", nodes))
-        except ValueError as e:
-            raise click.BadParameter(f"{path}, row {i + 1}: {e}", param_hint="--trace") from e
-    return out
 
 
 # --- cluster --------------------------------------------------------------------------------
@@ -181,6 +116,7 @@ class SimJob:
     preempted_at: float | None = None
     preemptions: int = 0
     view: JobView | None = None
+    prediction: Prediction | None = None  # made at submission, from jobs finished before
 
 
 @dataclass
@@ -192,6 +128,10 @@ class Partition:
     views: dict[str, NodeView]
     pending: dict[int, SimJob] = field(default_factory=dict)
     running: dict[int, SimJob] = field(default_factory=dict)
+    # the planner's view of the pending jobs, and its order of them kept across passes
+    pending_views: dict[int, JobView] = field(default_factory=dict)
+    users: dict[str, int] = field(default_factory=dict)  # user -> pending jobs
+    order: PendingOrder = field(default_factory=PendingOrder)
 
 
 FINISH, RELEASE = 0, 1
@@ -204,6 +144,9 @@ class Simulator:
         self.cluster = cluster
         self.policy = replace(policy, queues={**cluster.queues, **policy.queues})
         self.estimate_factor = estimate_factor
+        # the oracle knows every job's run time; srsf otherwise predicts it from history
+        self.clairvoyant = policy.name == "oracle"
+        self.predictor = Predictor() if policy.order == "srsf" and not self.clairvoyant else None
         self.progress = progress
         self.ledger = UsageLedger(self.policy.fairshare_half_life_s)
         self.use_usage = self.policy.order == "multifactor" and self.policy.weights.fairshare > 0
@@ -247,10 +190,17 @@ class Simulator:
 
     # JobViews are rebuilt only when a job changes state
     def pending_view(self, j: SimJob) -> JobView:
+        # the time limit a user would have given: the true run time x --estimate-factor
         limit = max(1.0, math.ceil(j.remaining * self.estimate_factor))
-        return JobView(j.t.id, j.user, j.queue, gpus=j.gpn, nodes=j.nodes,
+        if self.clairvoyant:
+            predicted = j.t.duration
+        elif j.prediction is not None and j.prediction.confident:
+            predicted = j.prediction.seconds
+        else:
+            predicted = None
+        return JobView(j.t.id, j.user, j.queue, name=j.t.name, gpus=j.gpn, nodes=j.nodes,
                        submit_time=j.t.submit, time_limit_s=limit, account=j.team,
-                       attained_gpu_s=j.attained)
+                       attained_gpu_s=j.attained, predicted_runtime_s=predicted)
 
     def running_view(self, j: SimJob) -> JobView:
         return replace(j.view, start_time=j.start, allocation=j.allocation,
@@ -282,8 +232,7 @@ class Simulator:
             now = t_next
             while i < n and arrivals[i].t.submit == now:
                 j = arrivals[i]
-                j.view = self.pending_view(j)
-                self.parts[j.queue].pending[j.t.id] = j
+                self.enqueue(j, now)
                 dirty.add(j.queue)
                 i += 1
             while self.heap and self.heap[0][0] == now:
@@ -311,8 +260,7 @@ class Simulator:
         if requeue:  # preempted: back to PENDING with the work it has left
             j.start = None
             j.preempted_at = None
-            j.view = self.pending_view(j)
-            part.pending[j.t.id] = j
+            self.enqueue(j, now)
             return
         ran = now - j.start
         j.attained += ran * j.gpn * j.nodes
@@ -320,6 +268,21 @@ class Simulator:
         j.remaining = 0.0
         j.end = now
         self.finished_jobs.append(j)
+        if self.predictor is not None:
+            self.predictor.observe(self.features(j), j.t.duration)
+
+    def enqueue(self, j: SimJob, now: float) -> None:
+        """The job is PENDING (submitted, or requeued after a preemption)."""
+        part = self.parts[j.queue]
+        if j.prediction is None and self.predictor is not None:
+            j.prediction = self.predictor.predict(self.features(j))
+        j.view = self.pending_view(j)
+        part.pending[j.t.id] = j
+        part.pending_views[j.t.id] = j.view
+        part.users[j.user] = part.users.get(j.user, 0) + 1
+
+    def features(self, j: SimJob) -> JobFeatures:
+        return JobFeatures(j.user, j.t.name, j.t.vc or j.queue, j.gpn * j.nodes)
 
     def plan_partition(self, q: str, now: float) -> None:
         part = self.parts[q]
@@ -333,18 +296,24 @@ class Simulator:
             if not self.cluster.single_queue:
                 # a VC's queue is planned alone and all its jobs share one team (the VC), so
                 # only its users' and its team's usage can change its order
-                keys = {f"user:{j.user}" for j in part.pending.values()}
+                keys = {f"user:{u}" for u in part.users}
                 keys.add(f"team:{q}")
             usage = self.ledger.decayed(now, running, lambda v: v.account, keys)
         snap = Snapshot(
             tuple(self.node_view(part, name) for name in part.names),
-            tuple(j.view for j in part.pending.values()),
+            tuple(part.pending_views.values()),
             running,
             usage=usage,
         )
-        d = plan(snap, now, self.policy)
+        d = plan(snap, now, self.policy, part.order)
         for s in d.starts:
             j = part.pending.pop(s.job_id)
+            del part.pending_views[s.job_id]
+            left = part.users[j.user] - 1
+            if left:
+                part.users[j.user] = left
+            else:
+                del part.users[j.user]
             for name, gpus in s.allocation:
                 taken = set(gpus)
                 part.free[name] = [g for g in part.free[name] if g not in taken]
@@ -403,9 +372,74 @@ class Simulator:
             "preemptions": self.preemptions,
             "planner_passes": self.passes,
             "wall_s": round(wall_s, 2),
+            **self.prediction_metrics(),
             "_jct": jct,
             "_wait": wait,
         }
+
+
+    def prediction_metrics(self) -> dict:
+        """How good the submit-time predictions were (srsf policies that predict)."""
+        if self.predictor is None:
+            return {}
+        errs, within, confident, made = [], 0, 0, 0
+        for j in self.finished_jobs:
+            p = j.prediction
+            if p is None:
+                continue
+            made += 1
+            confident += p.confident
+            truth = max(j.t.duration, 1.0)
+            errs.append(abs(p.seconds - j.t.duration))
+            within += 0.5 <= max(p.seconds, 1.0) / truth <= 2.0
+        errs.sort()
+        return {"predictions": made,
+                "prediction_confident": confident / made if made else 0.0,
+                "prediction_median_abs_error_s": _pct(errs, 50),
+                "prediction_within_2x": within / made if made else 0.0}
+
+
+def offered_load(trace: list[TraceJob], span_s: float, gpus: int) -> float:
+    """Σ(run time x GPUs) / (window length x GPUs): the load the trace offers the cluster."""
+    work = sum(j.duration * j.gpus for j in trace)
+    return work / (span_s * gpus) if span_s > 0 and gpus > 0 else 0.0
+
+
+def size_for_load(trace: list[TraceJob], span_s: float, load: float, spec: str,
+                  gpus_per_node: int) -> Cluster:
+    """A cluster on which the trace offers `load`: one pool (`pooled`), or a queue per VC each
+    sized for its own jobs (`per-vc`, or the VCs of a 'vc,node num' CSV, resized)."""
+    if not 0.0 < load <= 1.5:
+        raise click.BadParameter(f"{load!r}: the offered load must be in (0, 1.5]; 0.8 means "
+                                 "the trace's GPU-time fills 80% of the cluster's", param_hint="--load")
+    if span_s <= 0:
+        raise click.BadParameter("the trace spans no time: give --window START END",
+                                 param_hint="--load")
+
+    def nodes_for(jobs: list[TraceJob]) -> int:
+        work = sum(j.duration * j.gpus for j in jobs)
+        biggest = max((-(-j.gpus // gpus_per_node) for j in jobs), default=1)
+        return max(1, biggest, math.ceil(work / (span_s * load * gpus_per_node)))
+
+    if spec == "pooled":
+        return parse_cluster(f"{nodes_for(trace)}x{gpus_per_node}", gpus_per_node)
+    if spec == "per-vc":
+        vcs = sorted({j.vc for j in trace})
+    elif Path(spec).exists():
+        vcs = list(parse_cluster(spec, gpus_per_node).queues)
+    else:
+        raise click.BadParameter(f"{spec!r}: with --load, give 'pooled', 'per-vc' or a CSV of "
+                                 "'vc,node num' (its VCs are resized)", param_hint="--cluster")
+    by_vc: dict[str, list[TraceJob]] = {}
+    for j in trace:
+        by_vc.setdefault(j.vc, []).append(j)
+    nodes: list[NodeView] = []
+    queues: dict[str, QueuePolicy] = {}
+    for vc in vcs:
+        queues[vc] = QueuePolicy(vc, node_selector={"vc": vc})
+        nodes += [NodeView(f"{vc}-{i:03d}", gpus_per_node, tuple(range(gpus_per_node)),
+                           labels={"vc": vc}) for i in range(nodes_for(by_vc.get(vc, [])))]
+    return Cluster(nodes, queues, gpus_per_node, False)
 
 
 def _mean(xs: list[float]) -> float:
@@ -435,12 +469,18 @@ def _hours(s: float) -> str:
 def render_table(results: list[dict]) -> str:
     head = ("policy", "jobs", "avg JCT", "p50 JCT", "p99 JCT", "avg wait", "p99 wait",
             "util", "makespan", "preempt")
+    ratio = any("avg_jct_vs_oracle" in r for r in results)
+    if ratio:
+        head += ("vs oracle",)
     rows = [head]
     for r in results:
-        rows.append((r["policy"], f"{r['jobs']:,}", _hours(r["avg_jct_s"]), _hours(r["p50_jct_s"]),
-                     _hours(r["p99_jct_s"]), _hours(r["avg_wait_s"]), _hours(r["p99_wait_s"]),
-                     f"{r['utilization']:.1%}", f"{r['makespan_s'] / 86400:,.1f} d",
-                     f"{r['preemptions']:,}"))
+        row = (r["policy"], f"{r['jobs']:,}", _hours(r["avg_jct_s"]), _hours(r["p50_jct_s"]),
+               _hours(r["p99_jct_s"]), _hours(r["avg_wait_s"]), _hours(r["p99_wait_s"]),
+               f"{r['utilization']:.1%}", f"{r['makespan_s'] / 86400:,.1f} d",
+               f"{r['preemptions']:,}")
+        if ratio:
+            row += (f"{r.get('avg_jct_vs_oracle', 0.0):.2f}x",)
+        rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.rjust(w) if k else c.ljust(w) for k, (c, w) in enumerate(zip(row, widths,
                                                                                       strict=True)))
@@ -481,21 +521,32 @@ A discrete-event loop: arrivals and completions advance a simulated clock (no sl
 at each event time the planner (the same plan() the daemon runs) decides starts and
 preemptions. Reports mean/p50/p99 job completion time (JCT), mean/p99 queueing delay
 (JCT minus run time), GPU utilisation (the trace's GPU-seconds over GPUs x makespan) and
-makespan.
+makespan; with `oracle` among the policies, each policy's mean JCT as a ratio to it.
 
 \b
---trace FILE   Philly's CSV (timestamp,duration,num_gpus,gpu_time,cluster), or a generic CSV
-               with submit_time,duration,gpus and optional nodes,queue,user,team columns.
+--trace FILE   Philly's CSV (timestamp,duration,num_gpus,gpu_time,cluster), a Helios-style
+               cluster_log.csv (job_id,user,vc,gpu_num,node_num,submit_time,duration,...),
+               or a generic CSV with submit_time,duration,gpus and optional
+               nodes,queue,user,team,name. Rows that cannot be jobs are counted by reason.
+--window S E   replay only jobs submitted in [S, E) (dates or seconds; a bare end date
+               includes that day).
 --cluster SPEC NxG: N nodes of G GPUs in one queue (e.g. 352x8); or a CSV with a header
                'vc,node num': one queue per virtual cluster with that many nodes of
-               --gpus-per-node GPUs, only its own jobs on its own nodes. Jobs of a VC missing
-               from the CSV, and jobs larger than their VC, are counted and reported, not run.
---policy NAME  {", ".join(PRESETS)} (or several, comma-separated, to compare):
+               --gpus-per-node GPUs, only its own jobs on its own nodes. With --load:
+               'pooled' (default), 'per-vc', or such a CSV (its VCs are resized).
+--load X       size the cluster so the trace offers X of its GPU-time:
+               sum(run time x GPUs) / (window length x GPUs); X in (0, 1.5].
+--policy NAME  {", ".join(SIMULATION_PRESETS)} (or several, comma-separated, to compare):
                fifo       submit order, a blocked head holds its queue;
                backfill   multifactor priority (age, queue) + EASY backfill on time limits;
                fairshare  multifactor with fair share over decayed usage + EASY backfill;
                las        least attained service (Tiresias-style discretised LAS, GPU-time
-                          thresholds), preempts more-served jobs; needs no durations.
+                          thresholds), preempts more-served jobs; needs no durations;
+               qssf       shortest predicted remaining GPU-service first (run times learned
+                          from finished jobs), with aging, backfill on predictions, and
+                          preemption only for a much shorter job;
+               oracle     shortest true remaining GPU-service first with preemption: knows
+                          every run time, the reference the others are measured against.
 
 \b
 Philly has no users: each job gets a synthetic user of its VC (Zipf-distributed, from
@@ -505,10 +556,12 @@ Philly has no users: each job gets a synthetic user of its VC (Zipf-distributed,
 
 @click.command("simulate", help=HELP)
 @click.option("--trace", "trace_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="trace CSV (Philly's or generic)")
-@click.option("--cluster", "spec", required=True, help="NxG, or a CSV of 'vc,node num'")
+              help="trace CSV (Philly's, Helios-style or generic)")
+@click.option("--cluster", "spec", help="NxG, a CSV of 'vc,node num'; with --load: pooled, per-vc")
+@click.option("--load", "load", type=float, help="size the cluster for this offered load, (0, 1.5]")
+@click.option("--window", nargs=2, metavar="START END", help="replay jobs submitted in [START, END)")
 @click.option("--policy", "policy_names", default="backfill", show_default=True,
-              help=f"{', '.join(PRESETS)}; comma-separated to compare several")
+              help=f"{', '.join(SIMULATION_PRESETS)}; comma-separated to compare several")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
               help="trainyard.toml whose [scheduler]/[teams] settings override the policy's")
 @click.option("--seed", default=0, show_default=True, help="seed for synthetic users")
@@ -524,13 +577,18 @@ Philly has no users: each job gets a synthetic user of its VC (Zipf-distributed,
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="write CDFs of JCT and queueing delay to this PNG")
 @click.option("--quiet", is_flag=True, help="no progress on stderr")
-def simulate(trace_path, spec, policy_names, config_path, seed, users_per_vc, gpus_per_node,
-             estimate_factor, max_jobs, as_json, plot_path, quiet):
+def simulate(trace_path, spec, load, window, policy_names, config_path, seed, users_per_vc,
+             gpus_per_node, estimate_factor, max_jobs, as_json, plot_path, quiet):
     names = [p.strip() for p in policy_names.split(",") if p.strip()]
     for name in names:
-        if name not in PRESETS:
-            raise click.BadParameter(f"unknown policy {name!r}; choose from {', '.join(PRESETS)}",
-                                     param_hint="--policy")
+        if name not in SIMULATION_PRESETS:
+            raise click.BadParameter(f"unknown policy {name!r}; choose from "
+                                     f"{', '.join(SIMULATION_PRESETS)}", param_hint="--policy")
+    if load is not None and not 0.0 < load <= 1.5:
+        raise click.BadParameter(f"{load!r}: the offered load must be in (0, 1.5]; 0.8 means the "
+                                 "trace's GPU-time fills 80% of the cluster's", param_hint="--load")
+    if spec is None and load is None:
+        raise click.UsageError("give --cluster (NxG or a 'vc,node num' CSV), or --load X to size one")
     overrides: dict = {}
     if config_path:
         import tomllib
@@ -544,28 +602,48 @@ def simulate(trace_path, spec, policy_names, config_path, seed, users_per_vc, gp
         overrides = {k: getattr(base, v) for k, v in _CONFIG_FIELDS.items() if k in sched}
         if "teams" in doc:
             overrides["teams"] = base.teams
-    trace = load_trace(trace_path)
-    if max_jobs:
-        trace = trace[:max_jobs]
-    cluster = parse_cluster(spec, gpus_per_node)
+    try:
+        bounds = parse_window(*window) if window else None
+        tr = read_trace(trace_path, bounds)
+    except TraceError as e:
+        raise click.BadParameter(str(e), param_hint="--trace") from e
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--window") from e
+    trace = tr.jobs[:max_jobs] if max_jobs else tr.jobs
+    span = tr.span_s if bounds or not max_jobs else (trace[-1].submit if trace else 0.0)
+    if load is not None:
+        cluster = size_for_load(trace, span, load, spec or "pooled", gpus_per_node)
+    else:
+        cluster = parse_cluster(spec, gpus_per_node)
     results = []
     for name in names:
         policy = replace(PolicyConfig.preset(name), **overrides)
         progress = None if quiet else (lambda m, n=name: print(f"[{n}] {m}", file=sys.stderr))
         r = simulate_policy(trace, cluster, policy, seed, users_per_vc, estimate_factor, progress)
+        r["offered_load"] = offered_load(trace, span, r["gpus"])
+        r["skipped_rows"] = dict(sorted(tr.skipped.items()))
         if not quiet:
             print(f"[{name}] done: {r['jobs']:,} jobs in {r['wall_s']:.1f} s", file=sys.stderr)
         results.append(r)
+    oracle = next((r for r in results if r["policy"] == "oracle"), None)
+    if oracle is not None and oracle["avg_jct_s"] > 0:
+        for r in results:
+            r["avg_jct_vs_oracle"] = r["avg_jct_s"] / oracle["avg_jct_s"]
     if plot_path:
-        save_plot(results, plot_path, f"{Path(trace_path).name} on {Path(spec).name}")
+        save_plot(results, plot_path, f"{Path(trace_path).name} on {Path(spec or 'pooled').name}")
     public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
     if as_json:
         out = public[0] if len(public) == 1 else {r["policy"]: r for r in public}
         click.echo(json.dumps(out, indent=2))
         return
     r0 = public[0]
-    click.echo(f"trace {trace_path}: {r0['jobs_in_trace']:,} jobs; cluster {spec}: "
-               f"{r0['gpus']:,} GPUs")
+    click.echo(f"trace {trace_path}: {r0['jobs_in_trace']:,} jobs; cluster "
+               f"{spec or 'pooled'}: {r0['gpus']:,} GPUs "
+               f"({len(cluster.nodes)} x {cluster.gpus_per_node}); offered load "
+               f"{r0['offered_load']:.0%}")
+    if r0["skipped_rows"]:
+        why = ", ".join(f"{reason} ({n:,})" for reason, n in r0["skipped_rows"].items())
+        click.echo(f"rows not read as jobs: {why}")
     if r0["skipped_oversize"]:
         click.echo(f"not run: {r0['skipped_oversize']:,} jobs larger than their queue's nodes")
     if r0["skipped_no_queue"]:
@@ -579,5 +657,5 @@ _CONFIG_FIELDS = {
     "max_preemptors_per_pass": "max_preemptors_per_pass", "grace_period": "grace_period_s",
     "default_time": "default_time_limit_s", "fairshare_half_life": "fairshare_half_life_s",
     "priority_weights": "weights", "las_thresholds_gpu_hours": "las_thresholds_gpu_s",
-    "order": "order", "topology_keys": "topology_keys",
+    "order": "order", "topology_keys": "topology_keys", "queue_depth": "queue_depth",
 }

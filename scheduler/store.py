@@ -4,15 +4,48 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import event
-from sqlalchemy.engine import Engine
+from sqlalchemy import event, inspect, text
+from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session, SQLModel, create_engine, select
 
 from .models import SCHEMA_VERSION, Meta
 
+
+def add_missing_columns(conn: Connection) -> None:
+    """Add the columns a newer model declares to an older table, with the model's default."""
+    insp = inspect(conn)
+    for table in SQLModel.metadata.sorted_tables:
+        if not insp.has_table(table.name):
+            continue
+        have = {c["name"] for c in insp.get_columns(table.name)}
+        for col in table.columns:
+            if col.name in have:
+                continue
+            ddl = col.type.compile(dialect=conn.dialect)
+            default = col.default.arg if col.default is not None and not callable(col.default.arg) else None
+            if default is None and "JSON" in ddl.upper():
+                default = "{}"
+            clause = ""
+            if isinstance(default, bool):
+                clause = f" DEFAULT {'true' if default else 'false'}"
+            elif isinstance(default, int | float):
+                clause = f" DEFAULT {default}"
+            elif isinstance(default, str):
+                clause = " DEFAULT '" + default.replace("'", "''") + "'"
+            conn.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{col.name}" {ddl}{clause}'))
+
+
+def _v1_to_v2(conn: Connection) -> None:
+    """Slurm's words: HELD becomes PENDING/JobHeldUser, STARTING becomes CONFIGURING."""
+    add_missing_columns(conn)
+    conn.execute(text("UPDATE job SET state = 'PENDING', reason = 'JobHeldUser', held = 'user' "
+                      "WHERE state = 'HELD'"))
+    conn.execute(text("UPDATE job SET state = 'CONFIGURING' WHERE state = 'STARTING'"))
+
+
 # Migrations from version N to N+1, applied in order at start-up. Each is a function of a
 # connection; add one here (and bump SCHEMA_VERSION) whenever a table changes shape.
-MIGRATIONS: dict[int, object] = {}
+MIGRATIONS: dict[int, object] = {1: _v1_to_v2}
 
 
 class SchemaError(RuntimeError):

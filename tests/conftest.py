@@ -74,6 +74,22 @@ def kill_all(pids: list[int]) -> None:
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 
 
+def agent_dir_for(base: Path, name: str) -> str:
+    """The agent's directory for a test node. As root, jobs run as another account, which must be
+    able to pass through the agent's directory to its job's own (as under /var/lib/trainyard):
+    pytest's 0700 temp dirs would stop it, so root's test nodes keep theirs under /var/tmp."""
+    if os.geteuid() != 0:
+        return str(base / "agent")
+    import tempfile
+
+    root = Path("/var/tmp/trainyard-tests")
+    root.mkdir(mode=0o711, exist_ok=True)
+    os.chmod(root, 0o711)
+    d = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
+    os.chmod(d, 0o711)
+    return str(d / "agent")
+
+
 class SshdNode:
     """A real OpenSSH sshd on a loopback port with its own host key, authorized_keys and HOME."""
 
@@ -86,7 +102,7 @@ class SshdNode:
         self.host_key = self.dir / "host_ed25519"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.host_key)], check=True)
         (self.dir / "authorized_keys").write_text(authorized_key)
-        self.agent_dir = str(self.dir / "agent")
+        self.agent_dir = agent_dir_for(self.dir, name)
         self.proc: subprocess.Popen | None = None
 
     def config(self) -> Path:
@@ -257,6 +273,31 @@ def netns_sshd_factory(tmp_path):
 
 
 # ----------------------------------------------------------------------------- a daemon process
+# As root, the agent runs each job as its owner's Unix account (DESIGN.md boundary 3). The test
+# users (alice, user1, ...) have none, so the suite maps them all to one unprivileged account it
+# creates; tests of per-user accounts (tests/nodes/) create real ones of their own.
+JOB_ACCOUNT = "tyjobs"
+
+
+def ensure_job_account() -> str:
+    """The Unix account test jobs run as when the suite runs as root ("" when not root)."""
+    if os.geteuid() != 0:
+        return ""
+    import pwd
+
+    try:
+        pwd.getpwnam(JOB_ACCOUNT)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", JOB_ACCOUNT], check=True,
+                       capture_output=True)
+    return JOB_ACCOUNT
+
+
+def users_table() -> str:
+    account = ensure_job_account()
+    return f'\n[users]\n"*" = "{account}"\n' if account else ""
+
+
 TEST_CONFIG = """\
 [daemon]
 node_grace_s = {grace}
@@ -281,7 +322,7 @@ class DaemonProc:
         self.env.pop("TRAINYARD_URL", None)
         self.env.pop("TRAINYARD_TOKEN", None)
         self.config = base / "trainyard.toml"
-        self.config.write_text(TEST_CONFIG.format(grace=grace) + extra_config)
+        self.config.write_text(TEST_CONFIG.format(grace=grace) + extra_config + users_table())
         self.port = free_port()
         self.db = db
         self.proc: subprocess.Popen | None = None

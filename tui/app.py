@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from functools import partial
+from collections.abc import Callable
 
-from textual import work
-from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
+from textual import on, work
+from textual.app import App, ComposeResult
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Input
 
-from tui.backend import Backend, BackendError, BackendUnreachable
+from tui import actions, verbs
+from tui.actions import Action
+from tui.backend import Backend
 from tui.components.command_bar import CommandBar, resolve_command
-from tui.components.detail import JobScreen, NodeScreen
+from tui.components.detail import DetailScreen, JobScreen, NodeScreen
 from tui.components.dialogs import ConfirmScreen, HelpScreen, PromptScreen, SubmitScreen
+from tui.components.palette import ActionCommands
 from tui.components.views import (
-    MUTATING,
     ClusterHeader,
     EventsView,
     JobsView,
@@ -25,57 +25,38 @@ from tui.components.views import (
     QueuesView,
     ResourceView,
 )
-from tui.messages import ActionDone
+from tui.messages import ActionDone, ActionRequested, FilterChanged, OpenJob, OpenNode, ShowJobs
 from tui.refresh import AFFECTS, RefreshMixin
 from tui.state import ClusterState
 
-# verb -> (noun, needs the confirm screen, backend method)
-VERBS = {
-    "cancel": ("job", True, "cancel"),
-    "requeue": ("job", True, "requeue"),
-    "hold": ("job", False, "hold"),
-    "release": ("job", False, "release"),
-    "priority": ("job", False, "set_priority"),
-    "drain": ("node", True, "drain_node"),
-    "resume": ("node", False, "resume_node"),
-}
-PAST = {"cancel": "cancelled", "requeue": "requeued", "hold": "held", "release": "released",
-        "priority": "reprioritised", "drain": "drained", "resume": "resumed"}
 VIEW_SOURCES = {"nodes": ("nodes",), "jobs": ("jobs",), "queues": ("queues", "jobs"),
                 "events": ("events",)}
 
 
 class TrainyardApp(RefreshMixin, App):
+    """Lays out the views, shows them what the sources fetched, and acts on what widgets and
+    keys ask for (keys, palette and help all from `tui.actions`)."""
+
     CSS_PATH = "app.tcss"
     TITLE = "trainyard"
-    BINDINGS = [
-        Binding("colon", "command", "View", key_display=":"),
-        Binding("slash", "filter", "Filter", key_display="/"),
-        Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("escape", "back", "Back", show=False),
-        Binding("n", "submit", "Submit"),
-        Binding("plus", "slower", "Slower refresh", show=False),
-        Binding("minus", "faster", "Faster refresh", show=False),
-        Binding("ctrl+r", "refresh_now", "Refresh", show=False),
-        Binding("q", "quit", "Quit"),
-    ]
+    BINDINGS = actions.bindings("main")
+    COMMANDS = App.COMMANDS | {ActionCommands}
 
     def __init__(self, backend: Backend, readonly: bool = False, refresh: float = 2.0,
                  clock: Callable[[], float] = time.time, stream: bool = True,
                  view: str = "nodes") -> None:
         super().__init__()
         self.backend = backend
-        self.readonly = readonly
-        self.refresh_interval = refresh
         self.clock = clock
         self.stream = stream
         self.initial_view = view
-        self.state = ClusterState()
+        self.state = ClusterState(readonly=readonly, refresh_interval=refresh)
         self._dirty: set[str] = set()
         self._jobs_query_sent: dict | None = None
         # Kept by reference: App.query_one looks at the top screen, which may be a dialog.
         self._views: dict[str, ResourceView] = {
-            v.KIND: v for v in (NodesView(), JobsView(), QueuesView(), EventsView())}
+            v.KIND: v for v in (NodesView(readonly), JobsView(readonly), QueuesView(readonly),
+                                EventsView(readonly))}
         self._command_bar = CommandBar()
         self._init_refresh()
 
@@ -102,8 +83,24 @@ class TrainyardApp(RefreshMixin, App):
         return self.clock()
 
     @property
-    def stale_after(self) -> float:
-        return max(3 * self.refresh_interval, 5.0)
+    def readonly(self) -> bool:
+        return self.state.readonly
+
+    @property
+    def refresh_interval(self) -> float:
+        return self.state.refresh_interval
+
+    @refresh_interval.setter
+    def refresh_interval(self, seconds: float) -> None:
+        self.state.refresh_interval = seconds
+
+    @property
+    def streaming(self) -> bool:
+        return self.state.streaming
+
+    @streaming.setter
+    def streaming(self, connected: bool) -> None:
+        self.state.streaming = connected
 
     @property
     def views(self) -> dict[str, ResourceView]:
@@ -125,7 +122,7 @@ class TrainyardApp(RefreshMixin, App):
         now = self.now()
         for screen in self.screen_stack:
             for header in screen.query(ClusterHeader):
-                header.show(self.state, now, self.stale_after, self.streaming, self.readonly)
+                header.show(self.state, now)
 
     def data_changed(self, source: str) -> None:
         """A source answered (or failed): redraw what shows it; hidden views redraw when shown."""
@@ -140,7 +137,7 @@ class TrainyardApp(RefreshMixin, App):
             self.active_view.show(self.state, now)
         if source in ("nodes", "events", "jobs"):
             for screen in self.screen_stack[1:]:
-                if isinstance(screen, (NodeScreen, JobScreen)):
+                if isinstance(screen, DetailScreen):
                     screen.show(self.state, now)
 
     def switch_view(self, kind: str) -> None:
@@ -150,7 +147,7 @@ class TrainyardApp(RefreshMixin, App):
         view.show(self.state, self.now())
         view.table.focus()
 
-    def filter_changed(self, view: ResourceView) -> None:
+    def _filter_changed(self, view: ResourceView) -> None:
         view.show(self.state, self.now())
         if isinstance(view, JobsView) and view.server_query() != self._jobs_query_sent:
             self.fetch("jobs")
@@ -165,59 +162,44 @@ class TrainyardApp(RefreshMixin, App):
         view = self._views["jobs"]
         view.filter = query
         self.switch_view("jobs")
-        self.filter_changed(view)
+        self._filter_changed(view)
 
     def open_node(self, name: str) -> None:
-        self.push_screen(NodeScreen(name))
+        """A node's GPUs (nothing when the node is not in the cluster)."""
+        if self.state.node(name) is not None:
+            self.push_screen(NodeScreen(name, self.state, self.now))
 
     def open_job(self, job_id: int) -> None:
-        self.push_screen(JobScreen(job_id))
+        self.push_screen(JobScreen(job_id, self.backend, self.state, self.now))
 
-    # -- keys -------------------------------------------------------------------------------
+    # -- what widgets and screens ask for ---------------------------------------------------
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return not (action in MUTATING and self.readonly)
+    @on(OpenNode)
+    def _open_node(self, message: OpenNode) -> None:
+        self.open_node(message.name)
 
-    def action_command(self) -> None:
-        if isinstance(self.screen, Screen) and self.screen is self.screen_stack[0]:
-            self._command_bar.open(":")
+    @on(OpenJob)
+    def _open_job(self, message: OpenJob) -> None:
+        self.open_job(message.job_id)
 
-    def action_filter(self) -> None:
-        if self.screen is self.screen_stack[0]:
-            self._command_bar.open("/", self.active_view.filter)
+    @on(ShowJobs)
+    def _show_jobs(self, message: ShowJobs) -> None:
+        self.show_jobs(message.query)
 
-    def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+    @on(FilterChanged)
+    def _on_filter_changed(self, message: FilterChanged) -> None:
+        self._filter_changed(message.view)
 
-    def action_back(self) -> None:
-        view = self.active_view
-        if view.filter:
-            view.filter = ""
-            self.filter_changed(view)
-        elif view.table.marks:
-            view.table.clear_marks()
-            view.update_title()
+    @on(ActionRequested)
+    def _on_action_requested(self, message: ActionRequested) -> None:
+        self.request_action(message.action, message.targets)
 
-    def action_submit(self) -> None:
-        self.request_action("submit", [])
-
-    def action_slower(self) -> None:
-        self.refresh_interval = min(60.0, self.refresh_interval + 1)
-        self.notify(f"refresh every {self.refresh_interval:g}s")
-
-    def action_faster(self) -> None:
-        self.refresh_interval = max(0.5, self.refresh_interval - 1 if self.refresh_interval > 1 else 0.5)
-        self.notify(f"refresh every {self.refresh_interval:g}s")
-
-    def action_refresh_now(self) -> None:
-        for source in ("cluster", "nodes", "jobs", "queues", "events"):
-            self.fetch(source)
-
-    def on_command_bar_command(self, message: CommandBar.Command) -> None:
+    @on(CommandBar.Command)
+    def _on_command(self, message: CommandBar.Command) -> None:
         view = self.active_view
         if message.mode == "/":
             view.filter = message.text.strip()
-            self.filter_changed(view)
+            self._filter_changed(view)
             view.table.focus()
             return
         what, arg = resolve_command(message.text)
@@ -229,7 +211,7 @@ class TrainyardApp(RefreshMixin, App):
         elif what == "help":
             self.action_help()
         elif what == "submit":
-            self.action_submit()
+            self.action_request("submit")
         elif what == "node":
             self.open_node(arg)
         elif what == "job" and arg.isdigit():
@@ -238,48 +220,105 @@ class TrainyardApp(RefreshMixin, App):
             self.notify(f"no view {message.text.strip()!r}: try :nodes, :jobs, :queues or :events",
                         severity="warning")
 
-    def on_command_bar_left(self, message: CommandBar.Left) -> None:
+    @on(CommandBar.Left)
+    def _on_command_bar_left(self, message: CommandBar.Left) -> None:
         view = self.active_view
         if message.mode == "/" and view.filter:
             view.filter = ""
-            self.filter_changed(view)
+            self._filter_changed(view)
         view.table.focus()
 
-    def on_input_changed(self, event: Input.Changed) -> None:
-        bar = event.input
-        if isinstance(bar, CommandBar) and bar.mode == "/" and bar.display:
+    @on(Input.Changed, "#command-bar")
+    def _on_filter_typed(self, event: Input.Changed) -> None:
+        bar = self._command_bar
+        if bar.mode == "/" and bar.display:
             view = self.active_view
             view.filter = event.value.strip()
-            self.filter_changed(view)
+            self._filter_changed(view)
 
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        for kind in ("nodes", "jobs", "queues", "events"):
-            yield SystemCommand(f"View: {kind}", f"Switch to the {kind} view (:{kind})",
-                                partial(self.switch_view, kind))
-        yield SystemCommand("Filter", "Filter the rows of this view (/)", self.action_filter)
-        yield SystemCommand("Help", "Keys and views (?)", self.action_help)
-        yield SystemCommand("Refresh now", "Fetch everything again (ctrl+r)", self.action_refresh_now)
-        if self.readonly:
-            return
-        yield SystemCommand("Submit job", "Open the submit form (n)", self.action_submit)
+    # -- keys (bindings, palette and help all come from tui.actions) ------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return actions.allowed(action, parameters, self.readonly)
+
+    def action_command(self) -> None:
+        if isinstance(self.screen, Screen) and self.screen is self.screen_stack[0]:
+            self._command_bar.open(":")
+
+    def action_filter(self) -> None:
+        if self.screen is self.screen_stack[0]:
+            self._command_bar.open("/", self.active_view.filter)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.readonly))
+
+    def action_view(self, kind: str) -> None:
+        self.switch_view(kind)
+
+    def action_clear(self) -> None:
+        view = self.active_view
+        if view.filter:
+            view.filter = ""
+            self._filter_changed(view)
+        elif view.table.marks:
+            view.table.clear_marks()
+            view.update_title()
+
+    def action_slower(self) -> None:
+        self.refresh_interval = min(60.0, self.refresh_interval + 1)
+        self.notify(f"refresh every {self.refresh_interval:g}s")
+
+    def action_faster(self) -> None:
+        self.refresh_interval = max(0.5, self.refresh_interval - 1)
+        self.notify(f"refresh every {self.refresh_interval:g}s")
+
+    def action_refresh_now(self) -> None:
+        for source in ("cluster", "nodes", "jobs", "queues", "events"):
+            self.fetch(source)
+
+    def action_request(self, action: str, screen: Screen | None = None) -> None:
+        """A verb from an app-wide key or the palette: on the screen's own job or node, else on
+        the marked or selected rows of the view of that noun."""
+        noun = actions.BY_ID[action].noun
+        self.request_action(action, self._targets(noun, screen or self.screen))
+
+    def _targets(self, noun: str, screen: Screen) -> list:
+        if noun == "job" and isinstance(screen, JobScreen):
+            return [screen.job_id]
+        if noun == "node" and isinstance(screen, NodeScreen):
+            return [screen.node_name]
+        return self._views[f"{noun}s"].targets(noun) if noun else []
+
+    def _scopes(self, screen: Screen) -> set[str]:
+        if isinstance(screen, NodeScreen):
+            return {"main", "table", "node"}
         if isinstance(screen, JobScreen):
-            jobs = lambda: [screen.job_id]  # noqa: E731
-        else:
-            jobs = lambda: [int(k) for k in self._views["jobs"].selected()]  # noqa: E731
-        nodes = (lambda: [screen.node_name]) if isinstance(screen, NodeScreen) else (
-            lambda: self._views["nodes"].selected())
-        for verb, (noun, confirm, _) in VERBS.items():
-            targets = jobs if noun == "job" else nodes
-            key = {"cancel": "C", "requeue": "R", "hold": "h", "release": "r", "priority": "p",
-                   "drain": "D", "resume": "u"}[verb]
-            yield SystemCommand(
-                f"{verb.capitalize()} {noun}s",
-                f"{verb.capitalize()} the marked or selected {noun}s ({key})"
-                + (", after a confirm" if confirm else ""),
-                lambda verb=verb, targets=targets: self.request_action(verb, targets()))
+            return {"main", "job"}
+        if screen is self.screen_stack[0]:
+            return {"main", "table", self.active_view.KIND}
+        return {"main"}
 
-    # -- actions ----------------------------------------------------------------------------
+    def palette_actions(self, screen: Screen) -> list[Action]:
+        """What the command palette offers on `screen` (see ActionCommands)."""
+        return actions.palette(self._scopes(screen), self.readonly)
+
+    def run_palette_action(self, action: Action, screen: Screen) -> None:
+        """Run what was chosen in the palette where its keys would have run it."""
+        if action.verb:
+            self.action_request(action.id, screen)
+            return
+        here = set(action.where)
+        if "main" in here:
+            namespace = self
+        elif here & {"node", "job"}:
+            namespace = screen
+        elif here & set(self._views):
+            namespace = self._views[next(iter(here & set(self._views)))]
+        else:
+            namespace = self.active_view.table
+        self.call_later(self.run_action, action.action, namespace)
+
+    # -- verbs ------------------------------------------------------------------------------
 
     def request_action(self, verb: str, targets: list) -> None:
         """Ask what must be asked (confirm, reason, priority, the form), then act."""
@@ -290,64 +329,41 @@ class TrainyardApp(RefreshMixin, App):
         if verb == "submit":
             self.push_screen(SubmitScreen(), lambda spec: spec and self.perform("submit", [spec]))
             return
-        noun, confirm, _ = VERBS[verb]
+        spec = actions.BY_ID[verb]
         if not targets:
-            self.notify(f"no {noun} selected", severity="warning")
+            self.notify(f"no {spec.noun} selected", severity="warning")
             return
         if verb == "priority":
+            listed = ", ".join(map(str, targets[:8]))
             self.push_screen(
-                PromptScreen(f"New priority for {len(targets)} job(s): {', '.join(map(str, targets[:8]))}",
+                PromptScreen(f"New priority for {len(targets)} job(s): {listed}",
                              "integer, higher runs first", integer=True),
                 lambda value: value and self.perform("priority", targets, priority=int(value)))
-        elif confirm:
+        elif spec.confirm:
             self.push_screen(
-                ConfirmScreen(verb, noun, targets, need_reason=verb == "drain"),
+                ConfirmScreen(verb, spec.noun, targets, need_reason=verb == "drain"),
                 lambda result: result is not None and self.perform(verb, targets, **result))
         else:
             self.perform(verb, targets)
 
     @work(thread=True, exit_on_error=False, group="actions")
     def perform(self, verb: str, targets: list, **kwargs) -> None:
-        done, failures = [], {}
-        for target in targets:
-            try:
-                if verb == "submit":
-                    done.append(self.backend.submit(target).get("id"))
-                    continue
-                method = getattr(self.backend, VERBS[verb][2])
-                if verb == "priority":
-                    method(target, kwargs["priority"])
-                elif verb == "drain":
-                    method(target, kwargs["reason"])
-                else:
-                    method(target)
-                done.append(target)
-            except (BackendError, BackendUnreachable) as exc:
-                failures[target if verb != "submit" else "submit"] = getattr(exc, "detail", None) or str(exc)
-            except Exception as exc:
-                failures[target if verb != "submit" else "submit"] = f"{type(exc).__name__}: {exc}"
+        done, failures = verbs.run(self.backend, verb, targets, **kwargs)
         self.post_message(ActionDone(verb, done, failures))
 
-    def on_action_done(self, message: ActionDone) -> None:
+    @on(ActionDone)
+    def _on_action_done(self, message: ActionDone) -> None:
         verb, done, failures = message.verb, message.done, message.failures
         if failures:
-            first_target, first = next(iter(failures.items()))
-            more = f" (and {len(failures) - 1} more refused)" if len(failures) > 1 else ""
-            where = "" if verb == "submit" else f" {first_target}"
-            self.notify(f"{verb}{where} refused: {first}{more}", severity="error",
-                        title="daemon refused", timeout=10)
+            self.notify(verbs.refusal(verb, failures), severity="error", title="daemon refused",
+                        timeout=10)
         if done:
-            if verb == "submit":
-                self.notify(f"submitted job {', '.join(map(str, done))}")
-            else:
-                self.notify(f"{PAST[verb]} {', '.join(map(str, done[:10]))}"
-                            + (f" and {len(done) - 10} more" if len(done) > 10 else ""))
+            self.notify(verbs.success(verb, done))
             for view in self.views.values():
                 if view.table.marks:
                     view.table.clear_marks()
                     view.update_title()
-        noun = "job" if verb == "submit" else VERBS[verb][0]
-        for source in AFFECTS[noun]:
+        for source in AFFECTS[actions.BY_ID[verb].noun or "job"]:
             self.soon(source)
         if isinstance(self.screen, JobScreen):
             self.screen.fetch_job()

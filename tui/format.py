@@ -9,13 +9,17 @@ from typing import Any
 from rich.text import Text
 
 # Colours by state, in the k9s spirit: green is fine, yellow needs a look, red is trouble.
+# Both trainyard's first words and Slurm's: HELD is Slurm's PENDING with reason JobHeldUser or
+# JobHeldAdmin, STARTING is CONFIGURING; a daemon of either kind is shown the same way.
 JOB_STATE_STYLE = {
     "PENDING": "yellow",
     "HELD": "magenta",
     "STARTING": "cyan",
+    "CONFIGURING": "cyan",
     "RUNNING": "green",
     "COMPLETED": "dim",
     "FAILED": "bold red",
+    "OUT_OF_MEMORY": "bold red",
     "CANCELLED": "dim yellow",
     "TIMEOUT": "red",
     "PREEMPTED": "yellow",
@@ -29,7 +33,10 @@ NODE_STATE_STYLE = {
     "PROVISIONING": "cyan",
     "BOOTSTRAPPING": "cyan",
 }
-ACTIVE_JOB_STATES = ("PENDING", "HELD", "STARTING", "RUNNING")
+ACTIVE_JOB_STATES = ("PENDING", "HELD", "STARTING", "CONFIGURING", "RUNNING")
+WAITING_JOB_STATES = ("PENDING", "HELD")
+LAUNCHED_JOB_STATES = ("STARTING", "CONFIGURING", "RUNNING")
+HELD_REASON = "JobHeld"  # Slurm: JobHeldUser, JobHeldAdmin
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -37,6 +44,29 @@ SPARK = "▁▂▃▄▅▆▇█"
 def state_text(state: str | None, styles: dict[str, str]) -> Text:
     state = state or "?"
     return Text(state, style=styles.get(state, ""))
+
+
+def is_held(job: dict) -> bool:
+    """Held, in either vocabulary: HELD, or PENDING with reason JobHeldUser/JobHeldAdmin."""
+    state = job.get("state")
+    return state == "HELD" or (state == "PENDING"
+                               and str(job.get("reason") or "").startswith(HELD_REASON))
+
+
+def job_state_text(job: dict) -> Text:
+    """A job's state as the daemon words it, coloured as held when it is held."""
+    if is_held(job):
+        return Text(job.get("state") or "?", style=JOB_STATE_STYLE["HELD"])
+    return state_text(job.get("state"), JOB_STATE_STYLE)
+
+
+# `state:WORD` filters whose meaning differs between the two vocabularies: applied to the jobs
+# fetched rather than sent to a daemon that may not know the word.
+STATE_FILTERS = {
+    "held": is_held,
+    "starting": lambda job: job.get("state") in ("STARTING", "CONFIGURING"),
+    "configuring": lambda job: job.get("state") in ("STARTING", "CONFIGURING"),
+}
 
 
 def load_style(percent: float | None, low: float = 10, high: float = 75) -> str:
@@ -203,14 +233,14 @@ def job_cells(job: dict, now: float) -> tuple:
     waited = ((start or now) - submit) if submit else None
     runtime = ((end or now) - start) if start else None
     reason = job.get("reason") or ""
-    if job.get("state") == "PENDING" and job.get("estimated_start"):
+    if job.get("state") == "PENDING" and job.get("estimated_start") and not is_held(job):
         reason = f"{reason} ≈{time.strftime('%H:%M', time.localtime(job['estimated_start']))}".strip()
     return (
         job.get("id"),
         job.get("name") or "",
         job.get("user") or "",
         job.get("queue") or "",
-        state_text(job.get("state"), JOB_STATE_STYLE),
+        job_state_text(job),
         reason,
         f"{job.get('gpus') or 0}×{job.get('nodes') or 1}",
         ago(submit, now),
@@ -289,9 +319,9 @@ def team_usage(jobs: Iterable[dict], key: str = "user") -> dict[str, dict[str, i
         team = job.get(key) or "-"
         row = out.setdefault(team, {"pending": 0, "running": 0, "gpus": 0})
         state = job.get("state")
-        if state in ("PENDING", "HELD"):
+        if state in WAITING_JOB_STATES:
             row["pending"] += 1
-        elif state in ("RUNNING", "STARTING"):
+        elif state in LAUNCHED_JOB_STATES:
             row["running"] += 1
             row["gpus"] += (job.get("gpus") or 0) * (job.get("nodes") or 1)
     return out

@@ -1,4 +1,4 @@
-"""Typed messages: workers post these with what they fetched; only handlers touch widgets."""
+"""Typed messages: what workers fetched, and what widgets ask of the app; handlers act on them."""
 
 from __future__ import annotations
 
@@ -52,3 +52,48 @@ class ActionDone(Message):
         self.verb = verb
         self.done = done
         self.failures = failures
+
+
+# -- what widgets and screens ask of the app (they never call it) ---------------------------
+
+
+class ActionRequested(Message):
+    """A verb from the registry (cancel, drain, submit, ...) on these targets: the marked rows,
+    else the row under the cursor, else the screen's own job or node."""
+
+    def __init__(self, action: str, targets: list[Any]) -> None:
+        super().__init__()
+        self.action = action
+        self.targets = targets
+
+
+class OpenNode(Message):
+    """Drill down to a node's GPUs."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+
+class OpenJob(Message):
+    """Drill down to a job: spec, allocation, events, log."""
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__()
+        self.job_id = job_id
+
+
+class ShowJobs(Message):
+    """Switch to the jobs view with this filter (a queue's or a team's jobs)."""
+
+    def __init__(self, query: str) -> None:
+        super().__init__()
+        self.query = query
+
+
+class FilterChanged(Message):
+    """A view's filter or scope changed: show it again, and ask the daemon if its query did."""
+
+    def __init__(self, view: Any) -> None:
+        super().__init__()
+        self.view = view

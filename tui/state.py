@@ -69,6 +69,8 @@ def _mem_pct(gpu: dict) -> float | None:
 
 @dataclass
 class ClusterState:
+    """The last answer of every source, when it came, and the errors since."""
+
     me: dict = field(default_factory=dict)
     cluster: dict = field(default_factory=dict)
     nodes: list[dict] = field(default_factory=list)
@@ -81,6 +83,15 @@ class ClusterState:
     fetched_at: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     history: GpuHistory = field(default_factory=GpuHistory)
+    # How this session talks to the daemon (every screen's header shows it).
+    readonly: bool = False
+    streaming: bool = False
+    refresh_interval: float = 2.0
+
+    @property
+    def stale_after(self) -> float:
+        """Data older than this is shown as stale: three missed refreshes, at least 5 s."""
+        return max(3 * self.refresh_interval, 5.0)
 
     @property
     def last_event_id(self) -> int:

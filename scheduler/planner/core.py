@@ -1,5 +1,9 @@
 """One planner pass: order pending jobs, gate them (held, stopped, dependency, array, quota),
 place gangs, reserve for the top blocked job (EASY backfill), and preempt where a policy allows.
+
+Work per pass follows what can change, not the backlog: once every queue is blocked (a strict
+queue's top job, or `queue_depth` jobs tried behind it), the pass stops, and the waits of the
+jobs it did not reach are built only when they are read.
 """
 
 from __future__ import annotations
@@ -9,10 +13,11 @@ from dataclasses import dataclass
 
 from .backfill import Releases, reserve
 from .dependencies import NEVER, WAITING, dependency_status, is_singleton
+from .ordering import PendingOrder
 from .placement import INF, ClusterState, eligibility
 from .policy import PolicyConfig
 from .preemption import VictimIndex, choose_victims
-from .priority import attained, las_level, order_key
+from .priority import attained, las_level, order_key, order_runs, remaining_service
 from .quota import QuotaBook, job_gpus
 from .types import (
     ARRAY_TASK_LIMIT,
@@ -66,15 +71,23 @@ def time_limit(job: JobView, rules: QueueRules) -> float | None:
     return limit
 
 
-def plan(snapshot: Snapshot, now: float, policy: PolicyConfig | None = None) -> Decisions:
+def plan(snapshot: Snapshot, now: float, policy: PolicyConfig | None = None,
+         order: PendingOrder | None = None) -> Decisions:
     """Decide which pending jobs start now, which running jobs are preempted, and why the rest
     wait. Pure: no I/O, no clock reads; the same snapshot, time and policy give the same answer.
+
+    `order` is a cache of the pending jobs' order that a caller planning again and again (the
+    daemon's cycle, a replay) keeps between passes: it saves re-sorting the backlog and never
+    changes a decision.
     """
-    return _Pass(snapshot, now, policy or DEFAULT_POLICY).run()
+    return _Pass(snapshot, now, policy or DEFAULT_POLICY,
+                 order if order is not None else PendingOrder()).run()
 
 
 class _Pass:
-    def __init__(self, snapshot: Snapshot, now: float, policy: PolicyConfig):
+    def __init__(self, snapshot: Snapshot, now: float, policy: PolicyConfig,
+                 order: PendingOrder):
+        self.order = order
         self.s = snapshot
         self.now = now
         self.policy = policy
@@ -91,6 +104,16 @@ class _Pass:
         self.soon: dict[str, int] | None = None  # GPUs on their way back from preempted jobs
         self.levels: dict[int, int] = {}
         self.verdicts: dict[tuple, dict[int, bool]] = {}
+        self.out = self.d._waits  # where wait() writes: the eager list, or a deferred batch
+        self.running_ids = {j.id for j in snapshot.running}
+        self.singletons = {(j.user, j.name) for j in snapshot.running}
+        self.array_running = Counter(j.array_parent for j in snapshot.running
+                                     if j.array_parent is not None)
+        self.never: dict[tuple, bool] = {}
+        self.plain_keys: dict[str, tuple] = {}  # queue -> eligibility of unconstrained jobs
+        self.remaining: dict[int, float] = {}  # running job -> service left (SRSF)
+        self._most_left: float | None = None
+        self.srsf_failed: dict[tuple, float] = {}  # gang shape -> least need that found no victims
 
     def queue_rules(self, name: str) -> QueueRules:
         r = self.rules.get(name)
@@ -98,8 +121,18 @@ class _Pass:
             r = self.rules[name] = _queue_rules(self.s, self.policy, name)
         return r
 
+    def runtime(self, job: JobView, rules: QueueRules) -> float | None:
+        """How long the job is expected to run: its limit, or its prediction where lower."""
+        limit = time_limit(job, rules)
+        pred = job.predicted_runtime_s
+        if pred is not None and self.policy.backfill_on_prediction:
+            # the prediction is for the whole job; earlier runs have done part of it
+            pred = max(1.0, pred - job.attained_gpu_s / max(1, job.gpus * job.nodes))
+            return pred if limit is None else min(pred, limit)
+        return limit
+
     def expected_end(self, job: JobView) -> float:
-        limit = time_limit(job, self.queue_rules(job.queue))
+        limit = self.runtime(job, self.queue_rules(job.queue))
         end = INF if limit is None or job.start_time is None else job.start_time + limit
         if job.preempted_at is not None:
             end = min(end, job.preempted_at + self.policy.grace_for(job))
@@ -126,71 +159,124 @@ class _Pass:
         return self.releases
 
     def wait(self, job: JobView, reason: str, detail: str = "", estimate: float | None = None):
-        self.d.waits.append(Wait(job.id, reason, estimate, detail))
+        self.out.append(Wait(job.id, reason, estimate, detail))
+
+    def gate(self, job: JobView, rules: QueueRules):
+        """Wait (or cancel) a job that a gate stops and return None; else (pool, shape, ekey)."""
+        s = self.s
+        if job.held:
+            self.wait(job, HELD, "held by a user or operator")
+            return None
+        if not rules.open:
+            self.wait(job, QUEUE_STOPPED, f"queue {job.queue} is stopped")
+            return None
+        if job.dependency:
+            status, detail = dependency_status(job, s.finished, self.running_ids)
+            if status == NEVER:
+                self.d.cancels.append(Wait(job.id, DEPENDENCY_NEVER_SATISFIED, None, detail))
+                return None
+            if status == WAITING:
+                self.wait(job, DEPENDENCY, detail)
+                return None
+            if is_singleton(job) and (job.user, job.name) in self.singletons:
+                self.wait(job, DEPENDENCY,
+                          f"singleton: a job named {job.name!r} of {job.user} is running")
+                return None
+        parent = job.array_parent
+        if parent is not None and job.array_limit and \
+                self.array_running[parent] >= job.array_limit:
+            self.wait(job, ARRAY_TASK_LIMIT,
+                      f"array {parent} already runs {self.array_running[parent]} of at most "
+                      f"{job.array_limit} tasks at once")
+            return None
+        if job.constraint or job.gpu_type:
+            ekey = eligibility(job, rules.selector)
+        else:
+            ekey = self.plain_keys.get(job.queue)
+            if ekey is None:
+                ekey = self.plain_keys[job.queue] = eligibility(job, rules.selector)
+        pool = self.state.pool(ekey)
+        shape = (ekey, job.gpus, job.nodes, job.exclusive)
+        ok = self.never.get(shape)
+        if ok is None:
+            ok = self.never[shape] = pool.could_ever_fit(job.gpus, job.nodes)
+        if not ok:
+            self.wait(job, BAD_CONSTRAINT,
+                      f"no {job.nodes} schedulable node(s) with {job.gpus} GPUs match "
+                      f"queue {job.queue}'s nodes, --gpu-type and --constraint")
+            return None
+        return pool, shape
+
+    def behind(self, job: JobView, rules: QueueRules, blocker: int) -> None:
+        """A job of a queue whose top job is blocked: its gate's reason, else Priority."""
+        if self.gate(job, rules) is not None:
+            self.wait(job, PRIORITY, f"queue {job.queue} waits for job {blocker} first")
+
+    def deferred(self, jobs: list[JobView], rest: list[list[tuple]], closed: dict[str, int]):
+        """The waits of jobs the pass did not try, built when read (dependent ones are not
+        here: their gates may cancel them, so they were decided in the pass)."""
+        def build() -> list[Wait]:
+            self.out = batch = []
+            for job in jobs:
+                self.behind(job, self.queue_rules(job.queue), closed[job.queue])
+            for run in rest:
+                for entry in run:
+                    job = entry[-1]
+                    if not job.dependency:
+                        self.behind(job, self.queue_rules(job.queue), closed[job.queue])
+            return batch
+        return build
 
     def run(self) -> Decisions:
         s, now, policy, state = self.s, self.now, self.policy, self.state
         cluster_gpus = sum(n.gpus_total for n in s.nodes if n.schedulable)
-        key = order_key(policy, s.queues, now, s.usage, cluster_gpus, s.pending, self.team_of)
-        order = sorted(s.pending, key=key)
+        memo = self.order
+        sig, class_of, seq_of, full_key = order_runs(policy, s.queues)
+        memo.sync(s.pending, sig, class_of, seq_of)
+        key = order_key(policy, s.queues, now, s.usage, cluster_gpus, memo.representatives(),
+                        self.team_of) if full_key else None
+        order = memo.ordered(key)
 
-        running_ids = {j.id for j in s.running}
-        singletons = {(j.user, j.name) for j in s.running}
-        array_running = Counter(j.array_parent for j in s.running if j.array_parent is not None)
+        singletons, array_running = self.singletons, self.array_running
         strict = not policy.backfill and policy.queueing == "strict"
         held_up: dict[str, int] = {}  # queue -> its top blocked job (that got no remedy)
         unpromised: set[str] = set()  # queues whose top job got no reservation: hold them
-        never: dict[tuple, bool] = {}
-        plain_keys: dict[str, tuple] = {}  # queue -> eligibility of jobs with no constraints
+        # queue -> the job it waits for: nothing behind it can start in this pass
+        closed: dict[str, int] = {}
+        tried: Counter = Counter()  # jobs tried behind a queue's blocked top job
+        untried: list[JobView] = []
         failed: dict[tuple, int] = {}  # placement shape -> state.version when it last failed
         topology = policy.topology_keys
+        depth = policy.queue_depth
+        queues_pending = len(memo.queues)
+        cut = False
 
         for job in order:
-            rules = self.queue_rules(job.queue)
-            if job.held:
-                self.wait(job, HELD, "held by a user or operator")
+            if len(closed) >= queues_pending:
+                cut = True
+                if not job.dependency:
+                    untried.append(job)
+                break
+            q = job.queue
+            rules = self.queue_rules(q)
+            if q in closed:
+                if job.dependency:
+                    self.behind(job, rules, closed[q])
+                else:
+                    untried.append(job)
                 continue
-            if not rules.open:
-                self.wait(job, QUEUE_STOPPED, f"queue {job.queue} is stopped")
+            gated = self.gate(job, rules)
+            if gated is None:
                 continue
-            if job.dependency:
-                status, detail = dependency_status(job, s.finished, running_ids)
-                if status == NEVER:
-                    self.d.cancels.append(Wait(job.id, DEPENDENCY_NEVER_SATISFIED, None, detail))
-                    continue
-                if status == WAITING:
-                    self.wait(job, DEPENDENCY, detail)
-                    continue
-                if is_singleton(job) and (job.user, job.name) in singletons:
-                    self.wait(job, DEPENDENCY,
-                              f"singleton: a job named {job.name!r} of {job.user} is running")
-                    continue
-            parent = job.array_parent
-            if parent is not None and job.array_limit and array_running[parent] >= job.array_limit:
-                self.wait(job, ARRAY_TASK_LIMIT,
-                          f"array {parent} already runs {array_running[parent]} of at most "
-                          f"{job.array_limit} tasks at once")
+            pool, shape = gated
+            if q in unpromised or (strict and q in held_up):
+                self.wait(job, PRIORITY, f"queue {q} waits for job {held_up[q]} first")
                 continue
-            if job.constraint or job.gpu_type:
-                ekey = eligibility(job, rules.selector)
-            else:
-                ekey = plain_keys.get(job.queue)
-                if ekey is None:
-                    ekey = plain_keys[job.queue] = eligibility(job, rules.selector)
-            pool = state.pool(ekey)
-            shape = (ekey, job.gpus, job.nodes, job.exclusive)
-            ok = never.get(shape)
-            if ok is None:
-                ok = never[shape] = pool.could_ever_fit(job.gpus, job.nodes)
-            if not ok:
-                self.wait(job, BAD_CONSTRAINT,
-                          f"no {job.nodes} schedulable node(s) with {job.gpus} GPUs match "
-                          f"queue {job.queue}'s nodes, --gpu-type and --constraint")
-                continue
-            if job.queue in unpromised or (strict and job.queue in held_up):
-                self.wait(job, PRIORITY, f"queue {job.queue} waits for job {held_up[job.queue]} first")
-                continue
-            limit = time_limit(job, rules)
+            if q in held_up:
+                tried[q] += 1
+                if tried[q] >= depth:
+                    closed[q] = held_up[q]
+            limit = self.runtime(job, rules)
             end = INF if limit is None else now + limit
             team = self.team_of(job)
             gpus = job_gpus(job)
@@ -219,8 +305,8 @@ class _Pass:
                 if self.quota is not None:
                     self.quota.add(team, gpus)
                 singletons.add((job.user, job.name))
-                if parent is not None:
-                    array_running[parent] += 1
+                if job.array_parent is not None:
+                    array_running[job.array_parent] += 1
                 if backfilled:
                     self.d.starts.append(Start(job.id, allocation, "backfill",
                                                "starts without delaying any reserved job"))
@@ -228,8 +314,8 @@ class _Pass:
                     self.d.starts.append(Start(job.id, allocation, "priority"))
                 continue
 
-            if job.queue in held_up:
-                self.wait(job, PRIORITY, f"queue {job.queue} waits for job {held_up[job.queue]} first")
+            if q in held_up:
+                self.wait(job, PRIORITY, f"queue {q} waits for job {held_up[q]} first")
                 continue
             if policy.preemption and self.try_preempt(job, pool, team, reclaim):
                 continue
@@ -237,23 +323,57 @@ class _Pass:
                 self.wait(job, QUOTA_LIMIT, f"waiting for GPUs lent in the cohort to come back "
                                             f"({reclaim} GPUs); preemption is off")
                 continue
-            held_up[job.queue] = job.id
+            held_up[q] = job.id
             estimate = None
             if policy.backfill:
                 res = reserve(job, pool, state, self.get_releases(), now)
                 if res is not None:
                     estimate = res.start
                 else:  # nothing can be promised, so backfill could starve it: hold the queue
-                    unpromised.add(job.queue)
+                    unpromised.add(q)
             self.wait(job, RESOURCES, "waiting for GPUs" if estimate is None else
                       f"reserved {job.nodes} node(s) from the estimated start", estimate)
+            if q in unpromised or strict:
+                closed[q] = job.id
+        if cut:
+            # every queue is blocked: the jobs not reached only wait. Those with a dependency
+            # are decided now (a failed dependency cancels); the rest when waits are read.
+            if memo.dependent:
+                seen = self.decided()
+                for jid, job in memo.dependent.items():
+                    if jid not in seen:
+                        self.behind(job, self.queue_rules(job.queue), closed[job.queue])
+            rest = order.rest()
+        else:
+            rest = []
+        if untried or rest:
+            self.d.defer_waits(self.deferred(untried, rest, closed))
         return self.d
+
+    def left(self, v: JobView) -> float:
+        """A running job's remaining service (SRSF), computed once per pass."""
+        x = self.remaining.get(v.id)
+        if x is None:
+            x = self.remaining[v.id] = remaining_service(v, self.now, self.policy)
+        return x
+
+    def most_left(self) -> float:
+        if self._most_left is None:
+            self._most_left = max((self.left(v) for v in self.s.running
+                                   if v.preemptible and v.preempted_at is None), default=0.0)
+        return self._most_left
+
+    def decided(self) -> set[int]:
+        d = self.d
+        return {x.job_id for x in d._waits} | {x.job_id for x in d.cancels} | \
+            {x.job_id for x in d.starts}
 
     def try_preempt(self, job: JobView, pool, team: str, reclaim: int) -> bool:
         """Preempt for `job` if a policy allows; True when the job now waits for its victims."""
         policy, now = self.policy, self.now
         tiers = set(policy.queue(job.queue).preempts)
         las = policy.order == "las"
+        srsf = policy.order == "srsf"
         quota = self.quota
         cohort = quota.cohort_of(team) if quota is not None else None
         within_nominal = False
@@ -263,14 +383,28 @@ class _Pass:
         reclaiming = within_nominal and any(
             quota.is_borrowing(t.name) for t in quota.cohorts.get(cohort, ()) if t.name != team
         )
-        if not (tiers or las or reclaiming):
+        if not (tiers or las or srsf or reclaiming):
             return False
         if self.preemptors >= policy.max_preemptors_per_pass:
+            return False
+        need = remaining_service(job, now, policy) if srsf else 0.0
+        ratio = policy.srsf_preempt_ratio
+        shape = (id(pool), job.gpus, job.nodes, job.exclusive)
+        # SRSF alone: no running job has enough left to be worth evicting, or a job of this
+        # shape that needed less already found no victims (victims only get fewer in a pass)
+        if srsf and not (tiers or reclaiming) and (
+                ratio * need >= self.most_left() or need >= self.srsf_failed.get(shape, INF)):
             return False
         self.preemptors += 1
         thresholds = policy.las_thresholds_gpu_s
         level = las_level(job.attained_gpu_s, thresholds) if las else 0
         levels = self.levels
+        left = self.left
+
+        def pays(v: JobView) -> bool:
+            # SRSF: evict only a job with (ratio x) more service left, net of the GPU-time
+            # its grace period costs
+            return left(v) > ratio * need + policy.grace_for(v) * job_gpus(v)
 
         def level_of(v: JobView) -> int:
             lv = levels.get(v.id)
@@ -284,7 +418,7 @@ class _Pass:
 
         # whether v may be evicted depends only on the preemptor's kind: cache it per kind
         # (quota borrowing changes as victims are claimed, so that part is checked live)
-        verdicts = self.verdicts.setdefault((job.queue, level), {})
+        verdicts = self.verdicts.setdefault((job.queue, level, job.id if srsf else None), {})
         claimed = self.claimed
 
         def may_preempt(v: JobView) -> bool:
@@ -292,14 +426,19 @@ class _Pass:
                 return False
             ok = verdicts.get(v.id)
             if ok is None:
-                ok = verdicts[v.id] = v.queue in tiers or (las and level_of(v) > level)
+                ok = verdicts[v.id] = (v.queue in tiers or (las and level_of(v) > level)
+                                       or (srsf and pays(v)))
             return ok or (reclaiming and borrower(v))
 
         if self.victims is None:
-            # under LAS, evict the most-served jobs first
+            # under LAS, evict the most-served jobs first; under SRSF, those with most left
+            rank = None
+            if las:
+                rank = lambda v: -level_of(v)  # noqa: E731
+            elif srsf:
+                rank = lambda v: -self.left(v)  # noqa: E731
             self.victims = VictimIndex(
-                [v for v in self.s.running if v.preemptible and v.preempted_at is None], now,
-                (lambda v: -level_of(v)) if las else None)
+                [v for v in self.s.running if v.preemptible and v.preempted_at is None], now, rank)
         if self.soon is None:
             self.soon = {}
             for v in self.s.running:
@@ -314,6 +453,8 @@ class _Pass:
             reclaim_pool=reclaim_pool,
         )
         if victims is None:
+            if srsf:
+                self.srsf_failed[shape] = min(need, self.srsf_failed.get(shape, INF))
             return False
         deadline = now
         for v in victims:
@@ -325,6 +466,10 @@ class _Pass:
             elif las and level_of(v) > level:
                 why = (f"preempted for job {job.id}: it has had less GPU time "
                        f"({job.attained_gpu_s / 3600:.1f} vs {attained(v, now) / 3600:.1f} GPU-hours)")
+            elif srsf and pays(v):
+                why = (f"preempted for job {job.id}: it needs less GPU time "
+                       f"({need / 3600:.1f} vs {self.left(v) / 3600:.1f} "
+                       "GPU-hours left)")
             else:
                 why = (f"preempted for job {job.id}: team {team} reclaims GPUs lent to "
                        f"team {self.team_of(v)}")

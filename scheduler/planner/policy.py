@@ -10,10 +10,14 @@ from types import MappingProxyType
 
 from .types import JobView, QueueView
 
-ORDERS = ("fifo", "multifactor", "las")
+ORDERS = ("fifo", "multifactor", "las", "srsf")
 QUEUEINGS = ("strict", "best_effort")
-PRESETS = ("fifo", "backfill", "fairshare", "las")
+PRESETS = ("fifo", "backfill", "fairshare", "las", "qssf")
+# needs every job's true run time: only a replay of a trace has it
+SIMULATION_PRESETS = (*PRESETS, "oracle")
 DEFAULT_TEAM = "default"
+QSSF_AGING = 8.0  # GPU-seconds of remaining service forgiven per second waited
+QSSF_PREEMPT_RATIO = 16.0
 
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
@@ -115,10 +119,26 @@ class PolicyConfig:
     topology_keys: tuple[str, ...] = ("switch", "rack")
     queues: Mapping[str, QueuePolicy] = field(default_factory=dict)
     teams: Mapping[str, TeamQuota] = field(default_factory=dict)
+    # once a queue's top job is blocked, at most this many jobs behind it are tried in one
+    # pass (Slurm's default_queue_depth / bf_max_job_test); the rest wait with Priority
+    queue_depth: int = 100
+    # srsf: GPU-seconds of remaining service forgiven per second a job has waited (aging,
+    # so long jobs are not starved); 0 is pure shortest-remaining-service-first
+    srsf_aging: float = 0.0
+    # srsf: preempt a running job only if its remaining service exceeds the waiting job's
+    # this many times (plus the GPU-time its grace period costs); 1.0: whenever shorter
+    srsf_preempt_ratio: float = 1.0
+    # backfill: a job's predicted run time, where given and below its time limit, is its
+    # expected end (the limit is still enforced)
+    backfill_on_prediction: bool = False
 
     def __post_init__(self):
         if self.order not in ORDERS:
             raise ValueError(f"order: unknown order {self.order!r}; choose one of {', '.join(ORDERS)}")
+        if self.queue_depth < 1:
+            raise ValueError(f"queue_depth: must be >= 1, got {self.queue_depth!r}")
+        if self.srsf_preempt_ratio < 1.0:
+            raise ValueError(f"srsf_preempt_ratio: must be >= 1.0, got {self.srsf_preempt_ratio!r}")
         if self.queueing not in QUEUEINGS:
             raise ValueError(
                 f"queueing: unknown strategy {self.queueing!r}; choose one of {', '.join(QUEUEINGS)}"
@@ -143,7 +163,8 @@ class PolicyConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> PolicyConfig:
-        """One of the named policies: fifo, backfill, fairshare, las."""
+        """One of the named policies: fifo, backfill, fairshare, las, qssf (and oracle, which
+        needs true run times as predictions: simulation only)."""
         if name == "fifo":
             base = cls(name="fifo", order="fifo", backfill=False)
         elif name == "backfill":
@@ -155,8 +176,16 @@ class PolicyConfig:
             )
         elif name == "las":
             base = cls(name="las", order="las", backfill=False, queueing="best_effort")
+        elif name == "qssf":
+            # Helios' quasi-shortest-service-first on predicted run times, with aging, EASY
+            # backfill on predictions, and preemption only for a much shorter job
+            base = cls(name="qssf", order="srsf", srsf_aging=QSSF_AGING,
+                       srsf_preempt_ratio=QSSF_PREEMPT_RATIO, backfill_on_prediction=True)
+        elif name == "oracle":
+            base = cls(name="oracle", order="srsf", backfill=False, queueing="best_effort")
         else:
-            raise ValueError(f"policy: unknown policy {name!r}; choose one of {', '.join(PRESETS)}")
+            raise ValueError(f"policy: unknown policy {name!r}; choose one of "
+                             f"{', '.join(SIMULATION_PRESETS)}")
         return replace(base, **overrides) if overrides else base
 
     @classmethod
@@ -166,7 +195,7 @@ class PolicyConfig:
 
 
 _SCHEDULER_KEYS = {
-    "policy", "order", "backfill", "queueing", "preemption", "max_preemptors_per_pass", "grace_period", "default_time",
+    "queue_depth", "policy", "order", "backfill", "queueing", "preemption", "max_preemptors_per_pass", "grace_period", "default_time",
     "fairshare_half_life", "las_thresholds_gpu_hours", "topology_keys", "priority_weights",
 }
 _WEIGHT_KEYS = {"age", "fairshare", "job_size", "queue", "max_age", "favor_small"}
@@ -235,6 +264,9 @@ def _parse(d: Mapping) -> PolicyConfig:
     sched = _table(d, "scheduler")
     _check_keys(sched, _SCHEDULER_KEYS, "scheduler")
     name = sched.get("policy", "backfill")
+    if name == "oracle":
+        raise ValueError("scheduler.policy: 'oracle' knows every job's true run time and exists "
+                         "only in `trainyard simulate`; use \"qssf\" (predicted run times)")
     if not isinstance(name, str) or name not in PRESETS:
         raise ValueError(f"scheduler.policy: unknown policy {name!r}; choose one of {', '.join(PRESETS)}")
     base = PolicyConfig.preset(name)
@@ -260,6 +292,11 @@ def _parse(d: Mapping) -> PolicyConfig:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"scheduler.max_preemptors_per_pass: expected a whole number >= 0, got {v!r}")
         kw["max_preemptors_per_pass"] = v
+    if "queue_depth" in sched:
+        v = sched["queue_depth"]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"scheduler.queue_depth: expected a whole number >= 1, got {v!r}")
+        kw["queue_depth"] = v
     if "grace_period" in sched:
         kw["grace_period_s"] = parse_duration(sched["grace_period"], "scheduler.grace_period")
     if "default_time" in sched:

@@ -19,7 +19,7 @@ class VictimIndex:
     """Running jobs per node, in the order they should be evicted, built once per pass."""
 
     def __init__(self, running: Sequence[JobView], now: float,
-                 rank: Callable[[JobView], int] | None = None):
+                 rank: Callable[[JobView], float] | None = None):
         rank = rank or (lambda v: 0)
         self.now = now
         self.waste = {v.id: waste(v, now) for v in running}

@@ -1,4 +1,5 @@
-"""Job order: FIFO, Slurm's multifactor priority, or least attained service (Tiresias' LAS)."""
+"""Job order: FIFO, Slurm's multifactor priority, least attained service (Tiresias' LAS) or
+shortest remaining service first (SRSF, Helios' QSSF when the run times are predicted)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,56 @@ def las_level(service_gpu_s: float, thresholds: Sequence[float]) -> int:
     return bisect.bisect_right(thresholds, service_gpu_s)
 
 
+# a job with neither a predicted run time nor a time limit counts as this long under SRSF
+UNKNOWN_RUNTIME_S = 86400.0
+
+
+def remaining_service(job: JobView, now: float, policy: PolicyConfig) -> float:
+    """GPU-seconds the job still needs: its predicted (else limited) run time less its service."""
+    runtime = job.predicted_runtime_s
+    if runtime is None:
+        runtime = job.time_limit_s
+    if runtime is None:
+        runtime = policy.default_time_limit_s or UNKNOWN_RUNTIME_S
+    return max(0.0, runtime * job.gpus * job.nodes - attained(job, now))
+
+
+def order_runs(policy: PolicyConfig, queues: Mapping[str, QueueView]):
+    """How `PendingOrder` splits the order: (signature, class_of, seq_of, needs_full_key).
+
+    fifo, las and srsf keys never change while a job waits, so all jobs form one run in key
+    order. Multifactor keys move with age and fair share, but not inside a class of jobs with
+    the same queue, priority, nice, user, account and size: there, older is always first.
+    """
+    qprio: dict[str, int] = {}
+
+    def qp(name: str) -> int:
+        v = qprio.get(name)
+        if v is None:
+            v = qprio[name] = queue_priority(queues, policy, name)
+        return v
+
+    sig = (policy, tuple(sorted((k, v.priority) for k, v in queues.items())))
+
+    def one(j: JobView) -> tuple:
+        return ()
+
+    if policy.order == "fifo":
+        return sig, one, lambda j: (-qp(j.queue), -j.priority, j.submit_time), False
+    if policy.order == "las":
+        th = policy.las_thresholds_gpu_s
+        return sig, one, lambda j: (-qp(j.queue), las_level(j.attained_gpu_s, th), -j.priority,
+                                    j.submit_time), False
+    if policy.order == "srsf":
+        # remaining - aging * (now - submit) orders like remaining + aging * submit: static
+        aging = policy.srsf_aging
+        return sig, one, lambda j: (-qp(j.queue), -j.priority,
+                                    remaining_service(j, j.submit_time, policy)
+                                    + aging * j.submit_time, j.submit_time), False
+    return sig, (lambda j: (j.queue, j.priority, j.nice, j.user, j.account, j.gpus * j.nodes)), \
+        (lambda j: (j.submit_time,)), True
+
+
 def order_key(policy: PolicyConfig, queues: Mapping[str, QueueView], now: float,
               usage: Mapping[str, float], cluster_gpus: int,
               pending: Sequence[JobView], team_of: Callable[[JobView], str]):
@@ -47,6 +98,11 @@ def order_key(policy: PolicyConfig, queues: Mapping[str, QueueView], now: float,
     if policy.order == "las":
         th = policy.las_thresholds_gpu_s
         return lambda j: (-qp(j.queue), las_level(j.attained_gpu_s, th), -j.priority,
+                          j.submit_time, j.id)
+    if policy.order == "srsf":
+        aging = policy.srsf_aging
+        return lambda j: (-qp(j.queue), -j.priority,
+                          remaining_service(j, j.submit_time, policy) + aging * j.submit_time,
                           j.submit_time, j.id)
 
     top = max([qp(j.queue) for j in pending] + [1])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -72,6 +72,9 @@ class JobView:
     # running jobs only: when SIGTERM was sent for a preemption (None: not being preempted).
     # The planner treats the job's GPUs as freed at preempted_at + grace period.
     preempted_at: float | None = None
+    # the run time the cluster expects from history (scheduler/predict.py), when it is
+    # confident; None: unknown. SRSF orders by it; backfill uses it where it is below the limit
+    predicted_runtime_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +122,45 @@ class Wait:
     detail: str = ""  # a sentence for people, e.g. "team vision uses 64 of its 64 nominal GPUs"
 
 
-@dataclass(slots=True)
 class Decisions:
-    starts: list[Start] = field(default_factory=list)
-    preempts: list[Preempt] = field(default_factory=list)
-    waits: list[Wait] = field(default_factory=list)
-    # jobs the planner has found can never run (e.g. dependency failed): cancel with reason
-    cancels: list[Wait] = field(default_factory=list)
+    """What one pass decided. `waits` covers every pending job that neither starts nor is
+    cancelled; under a long backlog most of them are built only when `waits` is first read
+    (a replay that never reads them does not pay for them)."""
+
+    __slots__ = ("starts", "preempts", "_waits", "cancels", "_deferred")
+
+    def __init__(self, starts: list[Start] | None = None, preempts: list[Preempt] | None = None,
+                 waits: list[Wait] | None = None, cancels: list[Wait] | None = None):
+        self.starts = [] if starts is None else starts
+        self.preempts = [] if preempts is None else preempts
+        self._waits = [] if waits is None else waits
+        # jobs the planner has found can never run (e.g. dependency failed): cancel with reason
+        self.cancels = [] if cancels is None else cancels
+        self._deferred: list[Callable[[], Iterable[Wait]]] = []
+
+    def defer_waits(self, make: Callable[[], Iterable[Wait]]) -> None:
+        """Add waits that are built the first time `waits` is read."""
+        self._deferred.append(make)
+
+    @property
+    def waits(self) -> list[Wait]:
+        if self._deferred:
+            deferred, self._deferred = self._deferred, []
+            for make in deferred:
+                self._waits.extend(make())
+        return self._waits
+
+    @waits.setter
+    def waits(self, value: list[Wait]) -> None:
+        self._deferred = []
+        self._waits = value
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Decisions):
+            return NotImplemented
+        return (self.starts, self.preempts, self.waits, self.cancels) == (
+            other.starts, other.preempts, other.waits, other.cancels)
+
+    def __repr__(self) -> str:
+        return (f"Decisions(starts={self.starts!r}, preempts={self.preempts!r}, "
+                f"waits={self.waits!r}, cancels={self.cancels!r})")

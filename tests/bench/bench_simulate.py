@@ -1,11 +1,12 @@
-"""Benchmark: replay the full Philly trace (82,247 jobs) once per policy; budget 60 s each.
+"""Benchmark: replay the Philly window of Helios' simulation at 80% offered load, every policy.
 
-    .venv/bin/python tests/bench/bench_simulate.py [--cluster SPEC] [--policy fifo,las]
-        [--plot docs/philly-helios-vcs.png] [--json-out results.json]
+    .venv/bin/python tests/bench/bench_simulate.py [--load 0.8] [--window 2017-10-01 2017-11-30]
+        [--policy fifo,las] [--cluster pooled|per-vc|SPEC] [--plot out.png] [--json-out r.json]
 
 Prints, per policy, the replay's wall-clock seconds as `policy: N s` and then the metrics
-table that docs/simulation.md publishes. The cluster defaults to the Helios per-VC node
-table shipped beside the trace (11 VCs, 352 nodes x 8 GPUs).
+table that docs/simulation.md publishes (with each policy's mean JCT over the oracle's).
+Budget: 60 s per policy on the development machine (2 cores). `--load 0 --cluster SPEC`
+replays on a fixed cluster (e.g. `--full --load 0 --cluster .../philly_vc_nodes_helios.csv`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from scheduler.planner import PolicyConfig  # noqa: E402
-from scheduler.planner.policy import PRESETS  # noqa: E402
-from scheduler.simulate import load_trace, parse_cluster, render_table, save_plot, simulate_policy  # noqa: E402
+from scheduler.planner.policy import SIMULATION_PRESETS  # noqa: E402
+from scheduler.simulate import (  # noqa: E402
+    offered_load,
+    parse_cluster,
+    render_table,
+    save_plot,
+    simulate_policy,
+    size_for_load,
+)
+from scheduler.traces import parse_window, read_trace  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "traces" / "philly"
 BUDGET_S = 60.0
@@ -30,8 +39,11 @@ BUDGET_S = 60.0
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=str(DATA / "philly.csv"))
-    ap.add_argument("--cluster", default=str(DATA / "philly_vc_nodes_helios.csv"))
-    ap.add_argument("--policy", default=",".join(PRESETS))
+    ap.add_argument("--cluster", default="pooled")
+    ap.add_argument("--load", type=float, default=0.8)
+    ap.add_argument("--window", nargs=2, default=["2017-10-01", "2017-11-30"])
+    ap.add_argument("--full", action="store_true", help="the whole trace, no window")
+    ap.add_argument("--policy", default=",".join(SIMULATION_PRESETS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot")
     ap.add_argument("--json-out")
@@ -40,22 +52,32 @@ def main() -> int:
         print(f"no trace at {args.trace}; pass --trace", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    trace = load_trace(args.trace)
-    print(f"loaded {len(trace):,} jobs in {time.perf_counter() - t0:.1f} s")
-    cluster = parse_cluster(args.cluster)
+    trace = read_trace(args.trace, None if args.full else parse_window(*args.window))
+    print(f"loaded {len(trace.jobs):,} jobs in {time.perf_counter() - t0:.1f} s")
+    if args.load > 0:
+        cluster = size_for_load(trace.jobs, trace.span_s, args.load, args.cluster, 8)
+    else:
+        cluster = parse_cluster(args.cluster)
+    gpus = len(cluster.nodes) * cluster.gpus_per_node
+    print(f"cluster: {len(cluster.nodes)} nodes x {cluster.gpus_per_node} GPUs, offered load "
+          f"{offered_load(trace.jobs, trace.span_s, gpus):.1%}")
     results = []
     over = []
     for name in args.policy.split(","):
         t0 = time.perf_counter()
-        r = simulate_policy(trace, cluster, PolicyConfig.preset(name), seed=args.seed)
+        r = simulate_policy(trace.jobs, cluster, PolicyConfig.preset(name), seed=args.seed)
         took = time.perf_counter() - t0
         results.append(r)
         print(f"{name}: {took:.1f} s ({r['planner_passes']:,} planner passes)", flush=True)
         if took > BUDGET_S:
             over.append(name)
+    oracle = next((r for r in results if r["policy"] == "oracle"), None)
+    if oracle:
+        for r in results:
+            r["avg_jct_vs_oracle"] = r["avg_jct_s"] / oracle["avg_jct_s"]
     print(render_table(results))
     if args.plot:
-        save_plot(results, args.plot, f"Philly trace on {Path(args.cluster).name}")
+        save_plot(results, args.plot, f"{Path(args.trace).name}, {len(cluster.nodes)} x 8 GPUs")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(
             [{k: v for k, v in r.items() if not k.startswith("_")} for r in results], indent=2))

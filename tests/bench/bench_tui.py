@@ -1,6 +1,6 @@
 """TUI benchmark: first full paint, refresh tick and memory with 1,000 nodes and 10,000 jobs.
 
-Uses the in-memory FakeBackend (tui/fake.py), not a daemon: `trainyard demo` simulates at most
+Uses the in-memory FakeBackend (tests/tui/fake_backend.py), not a daemon: `trainyard demo` simulates at most
 256 nodes, and the figure wanted here is the TUI's own cost, without HTTP. Run:
     .venv/bin/python tests/bench/bench_tui.py [NODES] [JOBS] [WIDTHxHEIGHT]
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tui.app import TrainyardApp  # noqa: E402
-from tui.fake import FakeBackend  # noqa: E402
+from tests.tui.fake_backend import FakeBackend  # noqa: E402
 
 PAINT: list[float] = []  # seconds spent painting (the compositor's update), per frame
 

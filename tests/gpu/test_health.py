@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.health import HealthRules, TelemetryHistory, Verdict, evaluate
+from scheduler.settings import Settings
 
 
 def gpu(index=0, **fields):
@@ -95,8 +96,8 @@ def test_samples_after_now_are_ignored():
 
 
 def test_actions_are_configurable_per_rule():
-    rules = HealthRules.from_dict({"xid": "exclude_gpu", "ecc_dbe": "off", "temp_c": 80,
-                                   "temp_period_s": 10, "fatal_xids": [13]})
+    rules = Settings.from_toml({"health": {"xid": "exclude_gpu", "ecc_dbe": "off", "temp_c": 80,
+                                           "temp_period_s": 10, "fatal_xids": [13]}}).to_health()
     history = [sample(0, gpu(1, xid_events=[13, 79], ecc_dbe_volatile=1, temp_c=85)),
                sample(10, gpu(1, temp_c=85))]
     got = {(v.rule, v.action, v.reason) for v in evaluate(rules, "n1", history, now=10)}
@@ -108,22 +109,7 @@ def test_defaults():
     assert RULES.fatal_xids == {48, 63, 64, 74, 79, 92, 94, 95}
     assert (RULES.temp_c, RULES.temp_period_s, RULES.history_samples) == (90, 60, 300)
     assert {RULES.xid, RULES.ecc_dbe, RULES.remap_failure, RULES.off_bus, RULES.temp} == {"drain_node"}
-    assert HealthRules.from_dict(None) == HealthRules.from_dict({}) == RULES
-
-
-@pytest.mark.parametrize(("table", "message"), [
-    ({"xid": "reboot"}, "health.xid = 'reboot': the action must be one of drain_node, exclude_gpu, off"),
-    ({"temp_c": "hot"}, "health.temp_c = 'hot': expected a number >= 1"),
-    ({"temp_period_s": -1}, "health.temp_period_s = -1: expected a number >= 0"),
-    ({"fatal_xids": [79, "x"]}, "health.fatal_xids = [79, 'x']: expected a list of positive XID numbers"),
-    ({"fatal_xids": 79}, "health.fatal_xids = 79: expected a list of positive XID numbers"),
-    ({"history_samples": 2.5}, "health.history_samples = 2.5: expected a whole number"),
-    ({"temperature": 90}, "health.temperature = 90: unknown setting; known: ecc_dbe, fatal_xids,"),
-])
-def test_a_bad_health_table_names_the_key_and_value(table, message):
-    with pytest.raises(ValueError) as e:
-        HealthRules.from_dict(table)
-    assert str(e.value).startswith(message)
+    assert Settings.from_toml({}).to_health() == RULES
 
 
 # ---------------------------------------------------------------- history

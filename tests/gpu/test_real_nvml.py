@@ -12,7 +12,7 @@ import os
 import pytest
 
 from scheduler import agent
-from scheduler.dcgm import format_gpu_rows, metric_families
+from scheduler.dcgm import format_gpu_rows, gpu_families
 from scheduler.health import HealthRules, evaluate
 from tests.gpu.conftest import AgentProcess
 
@@ -76,7 +76,7 @@ def test_real_telemetry_feeds_the_rules_and_the_metrics(real_gpus):
     sample = {"time": 1000.0, "gpus": tel}
     for v in evaluate(HealthRules(), "this-node", [sample], now=1000.0):
         print("health verdict:", v.reason)  # a real fault here would be news worth reading
-    fams = {f.name: f for f in metric_families({"this-node": sample})}
+    fams = {f.name: f for f in gpu_families("this-node", "", tel)}
     assert len(fams["DCGM_FI_DEV_FB_USED"].samples) == len(tel)
     headers, rows = format_gpu_rows([{"name": "this-node", "telemetry": sample}])
     print("  ".join(headers))

@@ -4,7 +4,9 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -40,8 +42,10 @@ def test_no_configuration_exits_3_and_says_what_to_set(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["submit", "--time", "abc", "--", "true"], "time limit 'abc'"),
-    (["submit", "--mem", "lots", "--", "true"], "memory 'lots'"),
+    (["submit", "--time", "abc", "--", "true"], "--time: cannot read 'abc' as a duration"),
+    (["submit", "--time", "0", "--", "true"], "--time: must be positive, got '0'"),
+    (["submit", "--mem", "lots", "--", "true"], "--mem: cannot read 'lots' as a size"),
+    (["submit", "--mem", "99999999999999999999", "--", "true"], "--mem: '99999999999999999999' is more than 64 PiB"),
     (["submit", "--env", "1X=2", "--", "true"], "1X=2"),
     (["submit"], "nothing to run"),
     (["submit", "--gpus", "two", "--", "true"], "'two' is not a valid integer"),
@@ -145,3 +149,159 @@ def test_demo_no_tui_prints_settings_runs_jobs_and_stops_on_sigint(tmp_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
     time.sleep(0.2)
+
+
+# ------------------------------------------------------------------------------ settings errors
+@pytest.mark.parametrize("url, words", [
+    ("http://[::1", "TRAINYARD_URL = 'http://[::1' is not a valid URL"),
+    ("localhost:8471", "TRAINYARD_URL = 'localhost:8471': expected an http:// or https:// URL"),
+    ("http://", "TRAINYARD_URL = 'http://' names no host"),
+    ("http://127.0.0.1:99999", "port 99999 is out of range"),
+    ("http://a..b:8471", "TRAINYARD_URL = 'http://a..b:8471' is not a valid URL"),
+])
+def test_a_malformed_url_is_one_line_and_exit_2(url, words):
+    r = run("jobs", env={**os.environ, "TRAINYARD_URL": url, "TRAINYARD_TOKEN": "ty_x"})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and words in r.stderr
+    assert r.stderr.startswith("trainyard: error: ") and "e.g. http://127.0.0.1:8471" in r.stderr
+
+
+def test_a_malformed_token_is_refused_without_being_echoed():
+    r = run("whoami", env={**os.environ, "TRAINYARD_URL": "http://127.0.0.1:1", "TRAINYARD_TOKEN": "ty_se cret"})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "TRAINYARD_TOKEN is not a token" in r.stderr and "se cret" not in r.stderr
+
+
+@pytest.mark.parametrize("text, words", [
+    ("url = [", "cannot read"),
+    ('url = "http://[::1"\ntoken = "ty_x"\n', "client.toml: url = 'http://[::1' is not a valid URL"),
+    ('url = 8471\ntoken = "ty_x"\n', "client.toml: url = 8471: expected a URL as text"),
+])
+def test_a_malformed_client_toml_is_named_and_exit_2(tmp_path, text, words):
+    (tmp_path / "trainyard").mkdir()
+    (tmp_path / "trainyard" / "client.toml").write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
+    r = run("jobs", env={**env, "XDG_CONFIG_HOME": str(tmp_path)})
+    assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# ------------------------------------------------------------------------------ replies that are not the API's
+class _Reply(BaseHTTPRequestHandler):
+    """Answers every request with the status, content type and body the test chose."""
+
+    status, ctype, body = 500, "text/plain", b"Internal Server Error"
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.send_response(self.status)
+        self.send_header("Content-Type", self.ctype)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    do_POST = do_GET  # noqa: N815
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_reply():
+    """A real HTTP server in this process; set its answer with `http_reply(status, ctype, body)`."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Reply)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def answer(status: int, ctype: str, body: bytes) -> dict:
+        _Reply.status, _Reply.ctype, _Reply.body = status, ctype, body
+        return {**os.environ, "TRAINYARD_URL": f"http://127.0.0.1:{server.server_port}", "TRAINYARD_TOKEN": "ty_x"}
+
+    yield answer
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("status, ctype, body, words", [
+    (500, "text/plain", b"Internal Server Error", "the daemon answered 500 Internal Server Error"),
+    (502, "text/html", b"<html>\n<h1>Bad Gateway</h1>\n</html>", "the daemon answered 502 Bad Gateway: <html> <h1>"),
+    (404, "application/json", b'{"detail": "job 7 does not exist"}', "job 7 does not exist"),
+    (422, "application/json",
+     b'{"detail": [{"loc": ["query", "rank"], "msg": "rank 99 is out of range: job 7 has 1 node", "type": "x"}]}',
+     "rank: rank 99 is out of range: job 7 has 1 node"),
+    (200, "text/html", b"<html>welcome to nginx</html>", "is not JSON (<html>welcome to nginx</html>); is that "),
+])
+def test_a_reply_that_is_not_the_apis_json_is_one_line_and_exit_1(http_reply, status, ctype, body, words):
+    r = run("jobs", env=http_reply(status, ctype, body))
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert words in r.stderr
+
+
+# ------------------------------------------------------------------------------ submit: SCRIPT or -- COMMAND
+def test_a_missing_script_is_named_exit_2_and_nothing_is_submitted(daemon):
+    before = json.loads(daemon.cli("jobs", "--all", "--json", check=True).stdout)
+    r = daemon.cli("submit", "typo.sh")
+    assert r.returncode == 2
+    assert "script 'typo.sh' does not exist; to run a command instead, put it after `--`" in r.stderr
+    assert json.loads(daemon.cli("jobs", "--all", "--json", check=True).stdout) == before
+
+
+def test_words_without_dashdash_are_not_taken_for_a_command(daemon):
+    before = json.loads(daemon.cli("jobs", "--all", "--json", check=True).stdout)
+    r = daemon.cli("submit", "python", "train.py")
+    assert r.returncode == 2 and "put it after `--` (trainyard submit [OPTIONS] -- python train.py)" in r.stderr
+    r = daemon.cli("submit", str(ROOT))
+    assert r.returncode == 2 and f"script {str(ROOT)!r} is a directory" in r.stderr
+    assert json.loads(daemon.cli("jobs", "--all", "--json", check=True).stdout) == before
+
+
+def test_a_command_after_dashdash_is_a_command_even_when_a_file_has_its_name(daemon, tmp_path):
+    (tmp_path / "run.sh").write_text("#!/bin/sh\n#SBATCH --job-name=from-script\necho hi\n")
+    env_cwd = daemon.cli("submit", "--hold", "--json", "--", str(tmp_path / "run.sh"), check=True)
+    job = json.loads(env_cwd.stdout)
+    assert job["command"] == [str(tmp_path / "run.sh")] and job["name"] != "from-script"
+    job = json.loads(daemon.cli("submit", "--hold", "--json", str(tmp_path / "run.sh"), check=True).stdout)
+    assert job["name"] == "from-script" and job["command"] in (None, [])
+    daemon.cli("cancel", str(job["id"]), check=True)
+
+
+# ------------------------------------------------------------------------------ logs
+def test_logs_of_a_rank_the_job_does_not_have_exit_1_with_the_daemons_reason(daemon):
+    job = json.loads(daemon.cli("submit", "--hold", "--json", "--", "true", check=True).stdout)
+    r = daemon.cli("logs", str(job["id"]), "--rank", "99")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.startswith("trainyard: error: rank: ") and f"job {job['id']}" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert r.stdout == ""
+    daemon.cli("cancel", str(job["id"]), check=True)
+
+
+# ------------------------------------------------------------------------------ tables
+def test_tables_keep_squeues_columns_and_print_names_as_written(daemon):
+    name = "[bold]not-markup[/bold]-" + "x" * 40
+    job = json.loads(daemon.cli("submit", "--hold", "--json", "--name", name, "--", "true", check=True).stdout)
+    out = daemon.cli("jobs", check=True).stdout
+    header, *rows = out.splitlines()
+    assert header.split() == ["JOBID", "NAME", "USER", "QUEUE", "STATE", "GPUS", "NODES", "TIME",
+                              "NODELIST(REASON)"]
+    row = next(r for r in rows if r.startswith(f"{job['id']} "))
+    assert row.split()[1] == name[:24] and all(line == line.rstrip() for line in out.splitlines())
+    assert daemon.cli("queues", check=True).stdout.splitlines()[0].split() == [
+        "QUEUE", "STATE", "PRIORITY", "PENDING", "RUNNING", "GPUS", "DEFAULT_TIME", "MAX_TIME"]
+    assert daemon.cli("teams", check=True).stdout.splitlines()[0].split() == [
+        "TEAM", "COHORT", "GPUS", "NOMINAL", "BORROW", "LEND", "SHARES", "USAGE_GPU_H", "RUNNING", "PENDING"]
+    assert daemon.cli("nodes", check=True).stdout.splitlines()[0].split() == [
+        "NAME", "STATE", "GPUS", "MODEL", "POOL", "ADDRESS", "REASON"]
+    tokens = daemon.cli("token", "list", check=True).stdout.splitlines()
+    assert tokens[0].split() == ["ID", "USER", "ROLE", "CREATED", "BY"] and len(tokens) >= 2
+    daemon.cli("cancel", str(job["id"]), check=True)
+
+
+def test_a_long_cell_is_never_cut_or_wrapped_in_a_pipe(capsys):
+    from scheduler.cli import table
+
+    reason = "host key verification failed: " + "y" * 300
+    table(["NAME", "STATE", "REASON"], [["n1", "DOWN", reason], ["n22", None, "[red]x[/red]"]])
+    assert capsys.readouterr().out.splitlines() == [
+        "NAME  STATE  REASON",
+        f"n1    DOWN   {reason}",
+        "n22" + " " * 10 + "[red]x[/red]",
+    ]

@@ -79,9 +79,11 @@ def test_cancel_running_job(c):
 
 def test_hold_release_and_requeue(c):
     job = c.submit({"command": ["true"], "hold": True})
-    assert c.job(job["id"])["state"] == "HELD"
+    held = c.job(job["id"])
+    assert (held["state"], held["reason"]) == ("PENDING", "JobHeldUser")
     time.sleep(0.5)
-    assert c.job(job["id"])["state"] == "HELD"
+    held = c.job(job["id"])
+    assert (held["state"], held["reason"]) == ("PENDING", "JobHeldUser")
     c.release(job["id"])
     wait_job(c, job["id"], "COMPLETED")
     c.requeue(job["id"])

@@ -1,38 +1,8 @@
-"""Job request values as a Slurm user writes them."""
+"""Job request values as a Slurm user writes them (times and sizes: test_units.py)."""
 
 import pytest
 
-from scheduler.jobspec import format_time, parse_env, parse_mem, parse_time, sbatch_directives
-
-
-@pytest.mark.parametrize("text,seconds", [
-    ("30", 1800), ("1:30", 90), ("1:00:00", 3600), ("2-00", 172800), ("1-02:03", 93780),
-    ("1-02:03:04", 93784), (120, 120),
-])
-def test_slurm_time_formats_are_understood(text, seconds):
-    assert parse_time(text) == seconds
-
-
-@pytest.mark.parametrize("bad", ["abc", "1:2:3:4", "", "-5", "0", 0, "1h"])
-def test_bad_time_is_refused_with_the_value_and_the_formats(bad):
-    with pytest.raises(ValueError) as e:
-        parse_time(bad)
-    assert repr(bad) in str(e.value)
-
-
-def test_format_time_round_trips_for_display():
-    assert format_time(93784) == "1-02:03:04"
-    assert format_time(59) == "0:00:59"
-
-
-@pytest.mark.parametrize("text,mb", [("16G", 16384), ("512M", 512), ("1.5T", 1572864), ("2048", 2048), (64, 64)])
-def test_memory_sizes(text, mb):
-    assert parse_mem(text) == mb
-
-
-def test_bad_memory_names_the_value():
-    with pytest.raises(ValueError, match="'lots'"):
-        parse_mem("lots")
+from scheduler.jobspec import parse_env, sbatch_directives
 
 
 def test_env_pairs_and_bad_names():

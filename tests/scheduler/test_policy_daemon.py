@@ -69,7 +69,7 @@ def test_array_concurrency_limit_and_task_ids(policy_cluster):
     assert sorted(t["array_task_id"] for t in tasks) == [0, 1, 2, 3, 4, 5]
     most = 0
     while not all(c.job(t["id"])["state"] == "COMPLETED" for t in tasks):
-        running = [t for t in tasks if c.job(t["id"])["state"] in ("RUNNING", "STARTING")]
+        running = [t for t in tasks if c.job(t["id"])["state"] in ("RUNNING", "CONFIGURING")]
         most = max(most, len(running))
     assert most <= 2
     assert sorted(c.log(t["id"])[0].strip() for t in tasks) == [f"task={i}" for i in range(6)]

@@ -40,7 +40,7 @@ def test_daemon_on_postgres_runs_jobs_and_survives_restart(postgres_url, daemon_
     d.start()
     c = d.client()
     assert c.job(job["id"])["state"] == "COMPLETED"
-    assert c.job(held["id"])["state"] == "HELD"
+    assert (c.job(held["id"])["state"], c.job(held["id"])["reason"]) == ("PENDING", "JobHeldUser")
     c.release(held["id"])
     wait_job(c, held["id"], "COMPLETED", timeout=30)
     assert c.log(job["id"])[0] == "on-postgres\n"

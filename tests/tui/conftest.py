@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from tui.fake import FakeBackend
+from fake_backend import FakeBackend
 
 
 @pytest.fixture

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from tuihelpers import SIZE, make_app, screen_text, settle, toasts
+import pytest
+from fake_backend import FakeBackend
+from tuihelpers import SIZE, make_app, refetch, screen_text, settle, toasts
 
-from tui.fake import FakeBackend
+from tui.format import is_held
 
 
 async def _done(pilot) -> None:
@@ -62,19 +64,25 @@ async def test_mark_all_visible_then_cancel_cancels_exactly_the_filtered_jobs(ba
         assert cancelled == chen
 
 
-async def test_hold_and_release_a_pending_job(backend):
+@pytest.mark.parametrize("slurm", [False, True], ids=["trainyard words", "slurm words"])
+async def test_hold_and_release_a_pending_job(slurm):
+    backend = FakeBackend(slurm_states=slurm)
     app = make_app(backend, view="jobs")
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await settle(pilot)
         table = app.query_one("#jobs-table")
-        pending = next(int(k) for k in table.keys if backend.job(int(k))["state"] == "PENDING")
+        pending = next(int(k) for k in table.keys if backend.job(int(k))["reason"] == "Resources")
         table.move_cursor(row=table.get_row_index(str(pending)))
         await pilot.press("h")
         await _done(pilot)
-        assert backend.job(pending)["state"] == "HELD"
+        assert is_held(backend.job(pending))
+        assert backend.job(pending)["state"] == ("PENDING" if slurm else "HELD")
+        await refetch(pilot, "jobs")
+        line = next(ln for ln in screen_text(app).splitlines() if f" {pending} " in ln)
+        assert ("JobHeldUser" if slurm else "HELD") in line
         await pilot.press("r")
         await _done(pilot)
-        assert backend.job(pending)["state"] == "PENDING"
+        assert backend.job(pending)["state"] == "PENDING" and not is_held(backend.job(pending))
 
 
 async def test_change_priority_from_a_prompt(backend):
@@ -131,7 +139,7 @@ async def test_readonly_hides_and_refuses_actions(backend):
         await pilot.pause()
         assert "Cancel 1 job?" not in screen_text(app)
         assert backend.job(target)["state"] == state
-        names = [c.title for c in app.get_system_commands(app.screen)]
+        names = [a.palette_title for a in app.palette_actions(app.screen)]
         assert "Cancel jobs" not in names and "View: jobs" in names
 
 
@@ -139,7 +147,7 @@ async def test_palette_offers_every_action(backend):
     app = make_app(backend)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await settle(pilot)
-        names = {c.title for c in app.get_system_commands(app.screen)}
+        names = {a.palette_title for a in app.palette_actions(app.screen)}
         assert {"Cancel jobs", "Requeue jobs", "Hold jobs", "Release jobs", "Priority jobs",
                 "Drain nodes", "Resume nodes", "Submit job", "View: nodes", "View: events",
                 "Filter", "Help"} <= names

@@ -3,9 +3,8 @@ Textual: `pytest tests/tui/test_snapshots.py --snapshot-update`)."""
 
 from __future__ import annotations
 
+from fake_backend import FakeBackend
 from tuihelpers import SIZE, make_app, settle
-
-from tui.fake import FakeBackend
 
 
 def _app(view: str = "nodes", **kwargs):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from fake_backend import FakeBackend
 from tuihelpers import SIZE, Clock, make_app, refetch, screen_text, settle
 
 from tui.components.views import JobsView
-from tui.fake import FakeBackend
 
 
 async def test_header_shows_cluster_totals(backend):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import time
 
+from fake_backend import FROZEN_NOW, FakeBackend
+
 from tui.app import TrainyardApp
-from tui.fake import FROZEN_NOW, FakeBackend
 
 os.environ["TZ"] = "UTC"
 time.tzset()

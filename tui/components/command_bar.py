@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from textual.binding import Binding
 from textual.message import Message
 from textual.suggester import SuggestFromList
 from textual.widgets import Input
 
-VIEWS = ["nodes", "jobs", "queues", "events"]
+from tui import actions
+
+VIEWS = list(actions.VIEWS)
 ALIASES = {"no": "nodes", "node": "nodes", "n": "nodes", "jo": "jobs", "job": "jobs", "j": "jobs",
            "qu": "queues", "queue": "queues", "ev": "events", "event": "events", "e": "events"}
 COMMANDS = [*VIEWS, "quit", "help", "submit"]
@@ -39,10 +40,7 @@ def resolve_command(text: str) -> tuple[str, str]:
 class CommandBar(Input):
     """Hidden until `:` or `/`; Tab accepts the completion, Enter runs, Esc leaves."""
 
-    BINDINGS = [
-        Binding("tab", "complete", "Complete", show=False),
-        Binding("escape", "leave", "Leave", show=False),
-    ]
+    BINDINGS = actions.bindings("bar")
 
     class Command(Message):
         def __init__(self, mode: str, text: str) -> None:

@@ -4,54 +4,57 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.table import Table
 from rich.text import Text
-from textual import work
+from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input, Log, Static
+from textual.widgets import Footer, Input, Log, Static
 
+from tui import actions
 from tui import format as fmt
-from tui.backend import BackendError, BackendUnreachable
+from tui.backend import Backend, BackendError, BackendUnreachable
 from tui.components.table import KeyedTable
-from tui.components.views import (
-    JOB_ACTION_BINDINGS,
-    MUTATING,
-    NODE_ACTION_BINDINGS,
-    ClusterHeader,
-    JobActions,
-    NodeActions,
-)
-from tui.messages import Fetched, FetchFailed
+from tui.components.views import ClusterHeader, Verbs
+from tui.messages import Fetched, FetchFailed, OpenJob
 from tui.state import ClusterState
 
 LOG_LINES_KEPT = 5000
 
 
-class DetailScreen(Screen):
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return not (action in MUTATING and self.app.readonly)
+class DetailScreen(Verbs, Screen):
+    """A drill-down screen: shows the cluster state it is given when mounted, and again whenever
+    the app calls `show` with fresh data."""
+
+    def __init__(self, state: ClusterState, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self.state = state
+        self.clock = clock
+        self.readonly = state.readonly
+
+    def on_mount(self) -> None:
+        self.show(self.state, self.clock())
 
     def show(self, state: ClusterState, now: float) -> None:
-        self.query_one(ClusterHeader).show(state, now, self.app.stale_after, self.app.streaming,
-                                           self.app.readonly)
+        self.query_one(ClusterHeader).show(state, now)
 
 
-class NodeScreen(NodeActions, DetailScreen):
+class NodeScreen(DetailScreen):
     """One row per GPU: utilisation and memory over the last minutes, temperature, power, errors,
     and the job on it. Enter on a GPU opens its job."""
 
-    BINDINGS = [Binding("escape", "app.pop_screen", "Back"), *NODE_ACTION_BINDINGS]
+    BINDINGS = actions.bindings("node")
     COLUMNS = [("GPU", 3), ("UTIL", 4), ("UTIL HISTORY", 30), ("MEM", 11),
                ("MEM HISTORY", 30), ("TEMP", 4), ("POWER", 9), ("ERRORS", 12), ("JOB", 7)]
 
-    def __init__(self, name: str) -> None:
-        super().__init__()
+    def __init__(self, name: str, state: ClusterState, clock: Callable[[], float]) -> None:
+        super().__init__(state, clock)
         self.node_name = name
+        self.node: dict | None = None
 
     def compose(self) -> ComposeResult:
         yield ClusterHeader(id="header")
@@ -62,11 +65,11 @@ class NodeScreen(NodeActions, DetailScreen):
 
     def on_mount(self) -> None:
         self.query_one("#node-body").border_title = f" node {self.node_name} "
-        self.show(self.app.state, self.app.now())
+        super().on_mount()
 
     def show(self, state: ClusterState, now: float) -> None:
         super().show(state, now)
-        node = state.node(self.node_name)
+        node = self.node = state.node(self.node_name)
         info = self.query_one("#node-info", Static)
         if node is None:
             info.update(Text(f"node {self.node_name} is not in the cluster any more", style="red"))
@@ -90,30 +93,31 @@ class NodeScreen(NodeActions, DetailScreen):
             rows[str(gpu.get("index"))] = fmt.gpu_cells(gpu, util, mem, spark_width=30)
         self.query_one(KeyedTable).sync(rows)
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    @on(KeyedTable.RowChosen)
+    def _open(self, event: KeyedTable.RowChosen) -> None:
         event.stop()
-        node = self.app.state.node(self.node_name) or {}
-        for gpu in (node.get("telemetry") or {}).get("gpus") or []:
-            if str(gpu.get("index")) == event.row_key.value and gpu.get("job_id") is not None:
-                self.app.open_job(int(gpu["job_id"]))
+        for gpu in ((self.node or {}).get("telemetry") or {}).get("gpus") or []:
+            if str(gpu.get("index")) == event.key and gpu.get("job_id") is not None:
+                self.post_message(OpenJob(int(gpu["job_id"])))
 
-    def node_targets(self) -> list[str]:
+    def targets(self, noun: str) -> list:
         return [self.node_name]
 
+    def action_back(self) -> None:
+        self.dismiss()
 
-class JobScreen(JobActions, DetailScreen):
-    """A job: spec and allocation, its events, and a live log tail with follow/pause and search."""
 
-    BINDINGS = [
-        Binding("escape", "back", "Back"),
-        Binding("f", "follow", "Follow/pause"),
-        Binding("slash", "search", "Search log"),
-        *JOB_ACTION_BINDINGS,
-    ]
+class JobScreen(DetailScreen):
+    """A job: spec and allocation, its events, and a live log tail with follow/pause and search.
+    It fetches the job and its log itself, on the backend it is given."""
 
-    def __init__(self, job_id: int) -> None:
-        super().__init__()
+    BINDINGS = actions.bindings("job")
+
+    def __init__(self, job_id: int, backend: Backend, state: ClusterState,
+                 clock: Callable[[], float]) -> None:
+        super().__init__(state, clock)
         self.job_id = job_id
+        self.backend = backend
         self.job: dict | None = None
         self.log_offset = 0
         self.log_lines: list[str] = []
@@ -139,7 +143,7 @@ class JobScreen(JobActions, DetailScreen):
         self.query_one("#job-events").border_title = " events "
         self.query_one("#log-search").display = False
         self._update_log_title()
-        self.show(self.app.state, self.app.now())
+        super().on_mount()
         self.fetch_job()
         self.fetch_log()
 
@@ -159,7 +163,7 @@ class JobScreen(JobActions, DetailScreen):
     @work(thread=True, exit_on_error=False)
     def _get(self, source: str, call: Any) -> None:
         try:
-            data = call(self.app.backend)
+            data = call(self.backend)
         except (BackendError, BackendUnreachable) as exc:
             self.post_message(FetchFailed(source, getattr(exc, "detail", str(exc))))
         except Exception as exc:  # a bug or a broken answer: keep the screen alive, say it
@@ -172,8 +176,8 @@ class JobScreen(JobActions, DetailScreen):
         if message.source == "job":
             self._job_inflight = False
             self.job = message.data
-            self.show(self.app.state, self.app.now())
-            self.set_timer(self.app.refresh_interval, self.fetch_job)
+            self.show(self.state, self.clock())
+            self.set_timer(self.state.refresh_interval, self.fetch_job)
         elif message.source == "log":
             self._log_inflight = False
             text, offset = message.data
@@ -186,7 +190,7 @@ class JobScreen(JobActions, DetailScreen):
         if message.source == "job":
             self._job_inflight = False
             self.query_one("#job-spec", Static).update(Text(message.error, style="red"))
-            self.set_timer(self.app.refresh_interval, self.fetch_job)
+            self.set_timer(self.state.refresh_interval, self.fetch_job)
         else:
             self._log_inflight = False
             self.set_timer(2.0, self.fetch_log)
@@ -239,7 +243,7 @@ class JobScreen(JobActions, DetailScreen):
         spec.add_column()
         spec.add_row("name", job.get("name") or "-")
         spec.add_row("user / queue", f"{job.get('user')} / {job.get('queue')}")
-        state_line = fmt.state_text(job.get("state"), fmt.JOB_STATE_STYLE)
+        state_line = fmt.job_state_text(job)
         if job.get("reason"):
             state_line.append(f"  {job['reason']}", style="yellow")
         if job.get("exit_code") is not None:
@@ -285,7 +289,7 @@ class JobScreen(JobActions, DetailScreen):
             self.search = ""
             self._redraw_log()
             return
-        self.app.pop_screen()
+        self.dismiss()
 
     def action_follow(self) -> None:
         self.follow = not self.follow
@@ -308,5 +312,5 @@ class JobScreen(JobActions, DetailScreen):
             event.input.display = False
             self.query_one(Log).focus()
 
-    def job_targets(self) -> list[int]:
+    def targets(self, noun: str) -> list:
         return [self.job_id]

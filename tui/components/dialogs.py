@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import shlex
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
+
+from tui import actions
 
 MAX_LISTED = 15
 
@@ -18,7 +20,7 @@ MAX_LISTED = 15
 class ConfirmScreen(ModalScreen[dict | None]):
     """Lists the targets of a destructive action; Enter confirms, Esc cancels. Drain asks why."""
 
-    BINDINGS = [Binding("escape", "dismiss_none", "Cancel")]
+    BINDINGS = actions.bindings("dialog", only=["dismiss"])
 
     def __init__(self, verb: str, noun: str, targets: list, need_reason: bool = False) -> None:
         super().__init__()
@@ -68,14 +70,11 @@ class ConfirmScreen(ModalScreen[dict | None]):
         else:
             self.dismiss(None)
 
-    def action_dismiss_none(self) -> None:
-        self.dismiss(None)
-
 
 class PromptScreen(ModalScreen[str | None]):
     """Asks for one value (a new priority); Enter applies, Esc cancels."""
 
-    BINDINGS = [Binding("escape", "dismiss_none", "Cancel")]
+    BINDINGS = actions.bindings("dialog", only=["dismiss"])
 
     def __init__(self, title: str, placeholder: str = "", value: str = "",
                  integer: bool = False) -> None:
@@ -99,9 +98,6 @@ class PromptScreen(ModalScreen[str | None]):
             self.query_one("#prompt-error", Label).update(Text("a value is required", style="red"))
             return
         self.dismiss(value)
-
-    def action_dismiss_none(self) -> None:
-        self.dismiss(None)
 
 
 SUBMIT_FIELDS = [
@@ -137,10 +133,7 @@ def spec_from_form(values: dict[str, str]) -> dict:
 class SubmitScreen(ModalScreen[dict | None]):
     """The submit form: a command and the resources it needs; ctrl+s or Submit sends it."""
 
-    BINDINGS = [
-        Binding("escape", "dismiss_none", "Cancel"),
-        Binding("ctrl+s", "submit", "Submit"),
-    ]
+    BINDINGS = actions.bindings("dialog")
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="submit"):
@@ -155,7 +148,7 @@ class SubmitScreen(ModalScreen[dict | None]):
                 yield Button("Submit", variant="primary", id="submit")
                 yield Button("Cancel", id="cancel")
 
-    def action_submit(self) -> None:
+    def action_send(self) -> None:
         values = {f: self.query_one(f"#f-{f}", Input).value for f, *_ in SUBMIT_FIELDS}
         error = self.query_one("#submit-error", Label)
         try:
@@ -170,58 +163,52 @@ class SubmitScreen(ModalScreen[dict | None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        self.action_submit()
+        self.action_send()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
         if event.button.id == "submit":
-            self.action_submit()
+            self.action_send()
         else:
             self.dismiss(None)
 
-    def action_dismiss_none(self) -> None:
-        self.dismiss(None)
 
-
-KEYS = [
-    ("everywhere", [
-        (":", "switch view — :nodes :jobs :queues :events (Tab completes), :q quits"),
-        ("/", "filter rows; key:value (state:, user:, queue:) filters on the daemon; !word excludes"),
-        ("?", "this help"), ("esc", "back / clear filter and marks"),
-        ("enter", "drill down: node → its GPUs; job → spec, allocation, events, log;"),
-        ("", "queue or team → its jobs; event → its job or node; GPU → its job"),
-        ("space", "mark row"), ("ctrl+a", "mark all visible rows (again: unmark)"),
-        ("ctrl+p", "command palette: every action"), ("n", "submit a job (form)"),
-        ("+ / -", "refresh slower / faster"), ("ctrl+r", "refresh now"), ("q", "quit"),
-    ]),
-    ("jobs", [
-        ("C", "cancel (confirm)"), ("R", "requeue (confirm)"), ("h / r", "hold / release"),
-        ("p", "change priority"), ("a", "show all jobs / only active ones"),
-    ]),
-    ("nodes", [("D", "drain with a reason (confirm)"), ("u", "resume")]),
-    ("job", [("f", "follow / pause the log"), ("/", "search the log (esc clears)")]),
-]
-
-
-def keys_table() -> Table:
-    table = Table(show_header=False, box=None, padding=(0, 2))
-    table.add_column(style="bold cyan", no_wrap=True)
-    table.add_column()
-    for section, keys in KEYS:
-        table.add_row(Text(section, style="bold underline"), "")
+def keys_table(readonly: bool = False) -> Table:
+    """Every key of the action registry, by where it applies, in two columns."""
+    sections = actions.help_sections(readonly)
+    half = sum(len(rows) + 1 for _, rows in sections) / 2
+    columns: list[list[Table]] = [[]]
+    size = 0
+    for section, keys in sections:
+        size += len(keys) + 1
+        if size > half and len(columns) == 1 and columns[0]:
+            columns.append([])
+        table = Table(show_header=False, box=None, padding=(0, 1), expand=True, title=section,
+                      title_style="bold underline", title_justify="left")
+        table.add_column(style="bold cyan", no_wrap=True, width=11)
+        table.add_column(ratio=1)
         for key, what in keys:
-            table.add_row(key, what)
-    return table
+            table.add_row(Text(key), Text(what))
+        columns[-1].append(table)
+    grid = Table.grid(padding=(0, 3), expand=True)
+    for _ in columns:
+        grid.add_column(ratio=1)
+    grid.add_row(*(Group(*tables) for tables in columns))
+    return grid
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,question_mark,q", "dismiss_none", "Close")]
+    BINDINGS = actions.bindings("help")
+
+    def __init__(self, readonly: bool = False) -> None:
+        super().__init__()
+        self.readonly = readonly
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="dialog", classes="help"):
-            yield Static(keys_table())
-            yield Label(Text("destructive verbs are capitals; --readonly hides every action",
-                             style="dim"))
+            yield Static(keys_table(self.readonly))
+            yield Label(Text("verbs act on the marked rows, else the row under the cursor; "
+                             "capitals are destructive; --readonly hides every verb", style="dim"))
 
-    def action_dismiss_none(self) -> None:
+    def action_close(self) -> None:
         self.dismiss(None)

@@ -1,5 +1,5 @@
-"""A DataTable keyed by id and diff-updated in place: rows are added, changed and removed, never
-cleared and rebuilt per tick."""
+"""The one wrapper around Textual's DataTable: rows keyed by id, diff-updated in place, marks,
+cursor kept on its row, and the private render caches the fast path relies on."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from rich.text import Text
-from textual.binding import Binding
+from textual import on
+from textual.message import Message
 from textual.widgets import DataTable
 from textual.widgets.data_table import CellDoesNotExist, ColumnKey, RowDoesNotExist, RowKey
+
+from tui import actions
 
 MARK = Text("●", style="bold magenta")
 NO_MARK = Text(" ")
@@ -28,12 +31,34 @@ def _plain(value: Any) -> Any:
 
 
 class KeyedTable(DataTable):
-    """Rows keyed by the value of their first column; a mark column in front for Space."""
+    """Rows keyed by the value of their first column; a mark column in front for Space.
 
-    BINDINGS = [
-        Binding("space", "mark", "Mark"),
-        Binding("ctrl+a", "mark_all", "Mark all"),
-    ]
+    Callers see string keys only: Enter posts `RowChosen`, marking posts `MarksChanged`."""
+
+    BINDINGS = actions.bindings("table")
+
+    class RowChosen(Message):
+        """Enter on a row: `key` is the row's id (a node name, a job id as text, ...)."""
+
+        def __init__(self, table: KeyedTable, key: str) -> None:
+            super().__init__()
+            self.table = table
+            self.key = key
+
+        @property
+        def control(self) -> KeyedTable:
+            return self.table
+
+    class MarksChanged(Message):
+        """Rows were marked or unmarked by a key."""
+
+        def __init__(self, table: KeyedTable) -> None:
+            super().__init__()
+            self.table = table
+
+        @property
+        def control(self) -> KeyedTable:
+            return self.table
 
     def __init__(self, columns: Iterable[tuple[str, int]], **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
@@ -219,15 +244,15 @@ class KeyedTable(DataTable):
         for key in changed:
             self.update_cell(key, "_mark", NO_MARK)
 
-    def _marks_changed(self) -> None:
-        update_title = getattr(self.parent, "update_title", None)
-        if update_title:
-            update_title()
-
     def action_mark(self) -> None:
         self.toggle_mark()
-        self._marks_changed()
+        self.post_message(self.MarksChanged(self))
 
     def action_mark_all(self) -> None:
         self.mark_all()
-        self._marks_changed()
+        self.post_message(self.MarksChanged(self))
+
+    @on(DataTable.RowSelected)
+    def _chosen(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.post_message(self.RowChosen(self, event.row_key.value))

@@ -5,74 +5,41 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
+from tui import actions
 from tui import format as fmt
 from tui.components.table import KeyedTable
+from tui.messages import ActionRequested, FilterChanged, OpenJob, OpenNode, ShowJobs
 from tui.state import ClusterState
-
-# Actions that change the cluster: hidden and refused under --readonly.
-MUTATING = {"cancel", "requeue", "hold", "release", "priority", "drain", "resume", "submit"}
 
 JOB_PAGE = 2000  # rows asked of the daemon for the jobs table; filter to narrow beyond that
 
 
-JOB_ACTION_BINDINGS = [
-    Binding("C", "cancel", "Cancel"),
-    Binding("R", "requeue", "Requeue"),
-    Binding("h", "hold", "Hold"),
-    Binding("r", "release", "Release"),
-    Binding("p", "priority", "Priority"),
-]
-NODE_ACTION_BINDINGS = [
-    Binding("D", "drain", "Drain"),
-    Binding("u", "resume", "Resume"),
-]
+class Verbs:
+    """For a view or screen that says which jobs or nodes it means: a verb key posts
+    `ActionRequested` with them, and nothing that changes the cluster runs under --readonly."""
 
+    readonly: bool
 
-class JobActions:
-    """The job verbs for a view or screen that says which jobs it means."""
-
-    def job_targets(self) -> list[int]:
+    def targets(self, noun: str) -> list:
+        """The marked rows, else the row under the cursor (or the screen's own job or node)."""
         raise NotImplementedError
 
-    def action_cancel(self) -> None:
-        self.app.request_action("cancel", self.job_targets())
+    def action_request(self, action: str) -> None:
+        self.post_message(ActionRequested(action, self.targets(actions.BY_ID[action].noun)))
 
-    def action_requeue(self) -> None:
-        self.app.request_action("requeue", self.job_targets())
-
-    def action_hold(self) -> None:
-        self.app.request_action("hold", self.job_targets())
-
-    def action_release(self) -> None:
-        self.app.request_action("release", self.job_targets())
-
-    def action_priority(self) -> None:
-        self.app.request_action("priority", self.job_targets())
-
-
-class NodeActions:
-    """The node verbs for a view or screen that says which nodes it means."""
-
-    def node_targets(self) -> list[str]:
-        raise NotImplementedError
-
-    def action_drain(self) -> None:
-        self.app.request_action("drain", self.node_targets())
-
-    def action_resume(self) -> None:
-        self.app.request_action("resume", self.node_targets())
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return actions.allowed(action, parameters, self.readonly)
 
 
 class ClusterHeader(Static):
     """Cluster name, who you are, whether the data is live, and the totals."""
 
-    def show(self, state: ClusterState, now: float, stale_after: float, stream: bool,
-             readonly: bool) -> None:
+    def show(self, state: ClusterState, now: float) -> None:
         c = state.cluster
         text = Text()
         text.append(" trainyard ", style="bold reverse")
@@ -80,16 +47,20 @@ class ClusterHeader(Static):
         me = state.me
         if me:
             text.append(f" {me.get('user')}@{me.get('role')} ", style="dim")
-        if readonly:
+        if state.readonly:
             text.append(" READONLY ", style="bold black on yellow")
         last = state.fetched_at.get("cluster")
         if last is None:
             error = state.errors.get("cluster")
-            text.append(" ○ connecting… " if not error else " ✖ unreachable ", style="yellow" if not error else "bold red")
+            if error:
+                text.append(" ✖ unreachable ", style="bold red")
+            else:
+                text.append(" ○ connecting… ", style="yellow")
         else:
             age = max(0.0, now - last)
-            if age <= stale_after:
-                text.append(" ● live " + ("(stream)" if stream else "(polling)"), style="green")
+            if age <= state.stale_after:
+                text.append(" ● live " + ("(stream)" if state.streaming else "(polling)"),
+                            style="green")
             else:
                 text.append(f" ◌ stale {fmt.duration(age)} ", style="bold red")
         text.append("\n")
@@ -109,14 +80,15 @@ class ClusterHeader(Static):
         self.update(text)
 
 
-class ResourceView(Vertical):
+class ResourceView(Verbs, Vertical):
     """One table of resources with a k9s-style title: kind, visible/total, filter."""
 
     KIND = ""
     COLUMNS: list[tuple[str, int]] = []
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, readonly: bool = False, **kwargs: Any) -> None:
         super().__init__(id=self.KIND, classes="view", **kwargs)
+        self.readonly = readonly
         self.filter = ""
         self.total = 0
 
@@ -135,8 +107,13 @@ class ResourceView(Vertical):
         """One item's row."""
         raise NotImplementedError
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return not (action in MUTATING and self.app.readonly)
+    def targets(self, noun: str) -> list:
+        return self.selected()
+
+    @on(KeyedTable.MarksChanged)
+    def _marks_changed(self, event: KeyedTable.MarksChanged) -> None:
+        event.stop()
+        self.update_title()
 
     def show(self, state: ClusterState, now: float) -> None:
         items = self.items(state)
@@ -170,14 +147,11 @@ class ResourceView(Vertical):
         return self.table.selected()
 
 
-class NodesView(NodeActions, ResourceView):
+class NodesView(ResourceView):
     KIND = "nodes"
     COLUMNS = [("NAME", 14), ("POOL", 12), ("STATE", 13), ("GPUS", 14), ("UTIL", 4),
                ("GPU MEM", 13), ("TEMP", 4), ("POWER", 6), ("REASON", 22), ("LABELS", 24)]
-    BINDINGS = NODE_ACTION_BINDINGS
-
-    def node_targets(self) -> list[str]:
-        return self.selected()
+    BINDINGS = actions.bindings("nodes")
 
     def items(self, state: ClusterState) -> dict[str, Any]:
         nodes = sorted(state.nodes, key=lambda n: n.get("name", ""))
@@ -186,19 +160,20 @@ class NodesView(NodeActions, ResourceView):
     def cells(self, item: Any, now: float) -> tuple:
         return fmt.node_cells(item)
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    @on(KeyedTable.RowChosen)
+    def _open(self, event: KeyedTable.RowChosen) -> None:
         event.stop()
-        self.app.open_node(event.row_key.value)
+        self.post_message(OpenNode(event.key))
 
 
-class JobsView(JobActions, ResourceView):
+class JobsView(ResourceView):
     KIND = "jobs"
     COLUMNS = [("ID", 7), ("NAME", 16), ("USER", 8), ("QUEUE", 9), ("STATE", 10),
                ("REASON", 20), ("GPUS", 5), ("SUBMITTED", 11), ("WAITED", 8), ("RUNTIME", 8)]
-    BINDINGS = [*JOB_ACTION_BINDINGS, Binding("a", "toggle_all", "All/active")]
+    BINDINGS = actions.bindings("jobs")
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, readonly: bool = False, **kwargs: Any) -> None:
+        super().__init__(readonly, **kwargs)
         self.show_all = False
 
     def server_keys(self) -> tuple[str, ...]:
@@ -208,7 +183,7 @@ class JobsView(JobActions, ResourceView):
         """What to ask the daemon for: the page, finished jobs or not, and key:value filters."""
         server, _ = fmt.parse_filter(self.filter, self.server_keys())
         query: dict = {"all": self.show_all, "limit": JOB_PAGE}
-        if "state" in server:
+        if "state" in server and server["state"] not in fmt.STATE_FILTERS:
             query["state"] = server["state"].upper()
         for key in ("user", "queue"):
             if key in server:
@@ -218,6 +193,9 @@ class JobsView(JobActions, ResourceView):
     def items(self, state: ClusterState) -> dict[str, Any]:
         jobs = sorted(state.jobs, key=lambda j: j.get("id") or 0, reverse=True)
         server, _ = fmt.parse_filter(self.filter, self.server_keys())
+        in_state = fmt.STATE_FILTERS.get(server.get("state", ""))
+        if in_state is not None:  # held, starting/configuring: in either vocabulary
+            jobs = [j for j in jobs if in_state(j)]
         team = server.get("team")
         if team is not None:  # the daemon's mapping: account, else the user's team, else default
             members = state.user_teams()
@@ -235,16 +213,17 @@ class JobsView(JobActions, ResourceView):
             extra += f", first {JOB_PAGE}: filter to narrow"
         self.border_title = self.border_title.rstrip() + f" {extra}) "
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    @on(KeyedTable.RowChosen)
+    def _open(self, event: KeyedTable.RowChosen) -> None:
         event.stop()
-        self.app.open_job(int(event.row_key.value))
+        self.post_message(OpenJob(int(event.key)))
 
-    def job_targets(self) -> list[int]:
+    def targets(self, noun: str) -> list:
         return [int(k) for k in self.selected()]
 
     def action_toggle_all(self) -> None:
         self.show_all = not self.show_all
-        self.app.filter_changed(self)
+        self.post_message(FilterChanged(self))
 
 
 class QueuesView(ResourceView):
@@ -256,6 +235,8 @@ class QueuesView(ResourceView):
     TEAM_COLUMNS = [("TEAM", 14), ("COHORT", 10), ("GPUS / QUOTA", 18), ("BORROW", 6),
                     ("LEND", 6), ("SHARES", 6), ("USAGE GPU-H", 11), ("RUNNING", 7),
                     ("PENDING", 7)]
+
+    per_user = True  # the teams table lists users until the daemon's /v1/teams answered
 
     def compose(self) -> ComposeResult:
         yield KeyedTable(self.COLUMNS, id="queues-table")
@@ -275,21 +256,23 @@ class QueuesView(ResourceView):
     def cells(self, item: Any, now: float) -> tuple:
         return fmt.queue_cells(item)
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    @on(KeyedTable.RowChosen)
+    def _open(self, event: KeyedTable.RowChosen) -> None:
         """Enter on a queue or a team: its jobs (queue: a daemon-side filter on the jobs view;
         team: the jobs the daemon charges to it, by account or by member)."""
         event.stop()
-        if event.data_table.id == "queues-table":
-            self.app.show_jobs(f"queue:{event.row_key.value}")
-        elif self.app.state.teams is None:  # per-user fallback rows
-            self.app.show_jobs(f"user:{event.row_key.value}")
+        if event.table.id == "queues-table":
+            self.post_message(ShowJobs(f"queue:{event.key}"))
+        elif self.per_user:  # the fallback rows are users, not teams
+            self.post_message(ShowJobs(f"user:{event.key}"))
         else:
-            self.app.show_jobs(f"team:{event.row_key.value}")
+            self.post_message(ShowJobs(f"team:{event.key}"))
 
     def show(self, state: ClusterState, now: float) -> None:
         super().show(state, now)
         _, terms = fmt.parse_filter(self.filter)
-        if state.teams is None:
+        self.per_user = state.teams is None
+        if self.per_user:
             # A daemon without /v1/teams (or none heard yet): per user, from the jobs shown.
             teams = [{"name": user, "pending": u["pending"], "running": u["running"],
                       "gpus_used": u["gpus"], "fairshare_shares": None}
@@ -318,12 +301,10 @@ class EventsView(ResourceView):
     def cells(self, item: Any, now: float) -> tuple:
         return fmt.event_cells(item)
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    @on(KeyedTable.RowChosen)
+    def _open(self, event: KeyedTable.RowChosen) -> None:
         """Enter on an event: open what it is about (a job by id, a node by name)."""
         event.stop()
-        target = str(self.table.get_cell(event.row_key.value, "TARGET"))
+        target = str(self.table.get_cell(event.key, "TARGET"))
         name = target.split("/", 1)[-1].split(":", 1)[-1]
-        if name.isdigit():
-            self.app.open_job(int(name))
-        elif self.app.state.node(name) is not None:
-            self.app.open_node(name)
+        self.post_message(OpenJob(int(name)) if name.isdigit() else OpenNode(name))

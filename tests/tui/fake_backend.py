@@ -1,4 +1,4 @@
-"""An in-memory backend with the daemon's shapes: for snapshot tests, Pilot tests and benchmarks."""
+"""An in-memory backend with the daemon's shapes: for the TUI's tests and its benchmark."""
 
 from __future__ import annotations
 
@@ -26,14 +26,23 @@ TEAMS = {
 }
 
 
+ACTIVE = ("PENDING", "HELD", "STARTING", "CONFIGURING", "RUNNING")
+LAUNCHED = ("STARTING", "CONFIGURING", "RUNNING")
+
+
 class FakeBackend:
-    """Deterministic cluster data; `advance()` moves telemetry on, actions emit events."""
+    """Deterministic cluster data; `advance()` moves telemetry on, actions emit events.
+
+    `slurm_states=True` speaks Slurm's words, as the daemon will: a held job is PENDING with
+    reason JobHeldUser, a launching one CONFIGURING, and a job killed for memory OUT_OF_MEMORY."""
 
     url = "fake://cluster"
 
     def __init__(self, nodes: int = 4, gpus_per_node: int = 8, jobs: int = 12,
-                 now: float = FROZEN_NOW, role: str = "admin", name: str = "demo"):
+                 now: float = FROZEN_NOW, role: str = "admin", name: str = "demo",
+                 slurm_states: bool = False):
         self.now = now
+        self.slurm_states = slurm_states
         self.role = role
         self.name = name
         self.up = True
@@ -81,6 +90,8 @@ class FakeBackend:
                     else:
                         job["end_time"] = job["start_time"] + 600
                         job["exit_code"] = 0 if state == "COMPLETED" else 1
+            if slurm_states:
+                job.update(_slurm_words(job, j))
             self._jobs[j] = job
         self._logs: dict[int, list[str]] = {}
         self._event("system", "cluster.start", name, {})
@@ -95,7 +106,7 @@ class FakeBackend:
     def _refresh_telemetry(self) -> None:
         users = {}
         for job in self._jobs.values():
-            if job["state"] == "RUNNING":
+            if job["state"] in LAUNCHED:
                 for a in job["allocation"]:
                     for g in a["gpus"]:
                         users[(a["node"], g)] = job["id"]
@@ -145,7 +156,7 @@ class FakeBackend:
                 "nodes_total": len(nodes),
                 "gpus_total": sum(n["gpus_total"] for n in nodes),
                 "gpus_used": sum(n["gpus_used"] for n in nodes),
-                "jobs_running": sum(1 for j in jobs if j["state"] == "RUNNING"),
+                "jobs_running": sum(1 for j in jobs if j["state"] in LAUNCHED),
                 "jobs_pending": sum(1 for j in jobs if j["state"] in ("PENDING", "HELD")),
             }
 
@@ -166,7 +177,7 @@ class FakeBackend:
         with self._lock:
             out = []
             for job in self._jobs.values():
-                if not all and not state and job["state"] not in ("PENDING", "HELD", "STARTING", "RUNNING"):
+                if not all and not state and job["state"] not in ACTIVE:
                     continue
                 if state and job["state"].lower() != state.lower():
                     continue
@@ -194,8 +205,8 @@ class FakeBackend:
                 out.append({
                     "name": name, "priority": [10, 50, 100][i], "state": "OPEN",
                     "pending": sum(1 for j in jobs if j["state"] in ("PENDING", "HELD")),
-                    "running": sum(1 for j in jobs if j["state"] == "RUNNING"),
-                    "gpus_used": sum(j["gpus"] * j["nodes"] for j in jobs if j["state"] == "RUNNING"),
+                    "running": sum(1 for j in jobs if j["state"] in LAUNCHED),
+                    "gpus_used": sum(j["gpus"] * j["nodes"] for j in jobs if j["state"] in LAUNCHED),
                     "gpu_quota": [16, 32, None][i], "fair_share": [0.25, 0.5, 0.25][i],
                 })
             return out
@@ -206,14 +217,13 @@ class FakeBackend:
         self._check()
         members = {u: name for name, t in TEAMS.items() for u in t["users"]}
         with self._lock:
-            active = [j for j in self._jobs.values()
-                      if j["state"] in ("PENDING", "HELD", "STARTING", "RUNNING")]
+            active = [j for j in self._jobs.values() if j["state"] in ACTIVE]
             team_of = {j["id"]: j.get("account") or members.get(j["user"], "default") for j in active}
             out = []
             for name in sorted(set(TEAMS) | set(team_of.values()) | {"default"}):
                 quota = TEAMS.get(name)
                 mine = [j for j in active if team_of[j["id"]] == name]
-                running = [j for j in mine if j["state"] in ("STARTING", "RUNNING")]
+                running = [j for j in mine if j["state"] in LAUNCHED]
                 out.append({
                     "name": name, "cohort": quota["cohort"] if quota else None,
                     "nominal_gpus": quota["nominal_gpus"] if quota else None,
@@ -277,7 +287,8 @@ class FakeBackend:
             job = self._jobs.get(job_id)
             if job is None:
                 raise BackendError(f"no job {job_id}", 404)
-            if job["state"] not in ok_from:
+            current = "HELD" if _held(job) else job["state"]
+            if current not in ok_from:
                 raise BackendError(f"job {job_id} is {job['state']}; cannot {action} it", 409)
             job["state"], job["reason"] = to, reason
             if to in ("CANCELLED",):
@@ -289,16 +300,18 @@ class FakeBackend:
             return dict(job)
 
     def cancel(self, job_id: int) -> dict:
-        return self._job_action(job_id, "cancel", ("PENDING", "HELD", "STARTING", "RUNNING"), "CANCELLED")
+        return self._job_action(job_id, "cancel", ACTIVE, "CANCELLED")
 
     def hold(self, job_id: int) -> dict:
+        if self.slurm_states:
+            return self._job_action(job_id, "hold", ("PENDING",), "PENDING", "JobHeldUser")
         return self._job_action(job_id, "hold", ("PENDING",), "HELD", "Held")
 
     def release(self, job_id: int) -> dict:
         return self._job_action(job_id, "release", ("HELD",), "PENDING", "Priority")
 
     def requeue(self, job_id: int) -> dict:
-        return self._job_action(job_id, "requeue", ("RUNNING", "FAILED", "PREEMPTED", "NODE_FAIL"),
+        return self._job_action(job_id, "requeue", ("RUNNING", "FAILED", "OUT_OF_MEMORY", "PREEMPTED", "NODE_FAIL"),
                                 "PENDING", "Priority")
 
     def set_priority(self, job_id: int, priority: int) -> dict:
@@ -349,8 +362,23 @@ class FakeBackend:
         self._closed.set()
 
 
+def _held(job: dict) -> bool:
+    return job["state"] == "HELD" or str(job.get("reason") or "").startswith("JobHeld")
+
+
+def _slurm_words(job: dict, j: int) -> dict:
+    """The same job as a daemon speaking Slurm's words would report it."""
+    if job["state"] == "HELD":
+        return {"state": "PENDING", "reason": "JobHeldAdmin" if j % 16 == 3 else "JobHeldUser"}
+    if job["state"] == "RUNNING" and j % 8 == 6:
+        return {"state": "CONFIGURING"}
+    if job["state"] == "FAILED":
+        return {"state": "OUT_OF_MEMORY"}
+    return {}
+
+
 def main() -> None:
-    """`python -m tui.fake [NODES] [JOBS]`: the TUI on an in-memory cluster, no daemon needed."""
+    """`python -m tests.tui.fake_backend [NODES] [JOBS]`: the TUI on an in-memory cluster."""
     import sys
     import threading as _threading
 

@@ -1,0 +1,63 @@
+"""The Unix account a job runs as on a node: looked up, and refused when it is root or a system one.
+
+Part of the agent's bundle (standard library, Python 3.8).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+from dataclasses import asdict, dataclass, field
+
+DEFAULT_MIN_UID = 1000  # Debian's and RHEL's first regular account
+
+
+class AccountError(Exception):
+    """The job cannot run as that account here; the message says why."""
+
+
+@dataclass
+class Account:
+    name: str
+    uid: int
+    gid: int
+    groups: list[int] = field(default_factory=list)
+    home: str = "/"
+    shell: str = "/bin/sh"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Account:
+        return cls(**d)
+
+
+def lookup(name, min_uid: int = DEFAULT_MIN_UID) -> Account:
+    """The account `name` with its groups; AccountError for none, root or a system account."""
+    host = socket.gethostname()
+    if not isinstance(name, str) or not name:
+        raise AccountError("the launch names no user: an agent running as root starts jobs only "
+                           "as their owners")
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        raise AccountError(f"user {name!r} has no account on {host}; create it (or map the "
+                           "trainyard user to an existing account in [users])") from None
+    if pw.pw_uid == 0:
+        raise AccountError(f"refusing to run a job as {name!r}: uid 0 is root, and jobs never "
+                           "run as root")
+    if pw.pw_uid < min_uid:
+        raise AccountError(f"refusing to run a job as {name!r}: uid {pw.pw_uid} is a system "
+                           f"account (below the minimum uid {min_uid})")
+    groups = sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid)))
+    return Account(pw.pw_name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir or "/",
+                   pw.pw_shell or "/bin/sh")
+
+
+def become(account: Account) -> None:
+    """Drop this process to the account for good (groups first, then gid, then uid)."""
+    os.setgroups(account.groups)
+    os.setgid(account.gid)
+    os.setuid(account.uid)

@@ -1,0 +1,33 @@
+"""The HTTP API under /v1 (FastAPI): routers wired with the error model and the bearer scheme."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+
+from ..daemon import Daemon
+from . import errors
+from .routers import cluster, events, jobs, nodes, queues, tokens
+
+VERSION = "0.2.0"
+
+
+def create_app(daemon: Daemon) -> FastAPI:
+    app = FastAPI(title="trainyard", version=VERSION, docs_url=None, redoc_url=None,
+                  description="GPU training cluster manager. Every /v1 call needs a bearer token; "
+                              "errors answer {\"detail\": ..., \"field\": ...}.")
+    app.state.daemon = daemon
+
+    def on_refused(request: Request, status: int, why: str) -> None:
+        """Refused calls are audited: who (if known), what, and from where."""
+        who = getattr(request.state, "caller", None)
+        addr = request.client.host if request.client else ""
+        try:
+            daemon.store.audit(who.user if who else "", "api.refused", request.url.path[:200],
+                               {"status": status, "method": request.method, "why": why[:300]}, addr)
+        except Exception:  # auditing must never turn a refusal into a server error
+            pass
+
+    errors.install(app, on_refused)
+    for module in (jobs, nodes, queues, tokens, events, cluster):
+        app.include_router(module.router)
+    return app

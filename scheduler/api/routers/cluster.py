@@ -1,0 +1,60 @@
+"""Who am I, the cluster at a glance, liveness, and Prometheus metrics."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import Response
+
+from ...daemon import NotFound
+from ...metrics import SD_CONTENT_TYPE, TEXT_CONTENT_TYPE
+from ..deps import DaemonDep, Who
+from ..errors import ErrorBody, responses
+from ..schemas import NAME_RE, ClusterRead, Health, Me
+from .common import Json
+
+router = APIRouter(tags=["cluster"])
+
+
+@router.get("/v1/me", response_model=Me, responses=responses())
+async def me(who: Who):
+    return {"user": who.user, "role": who.role}
+
+
+@router.get("/v1/cluster", response_model=ClusterRead, responses=responses())
+async def cluster(request: Request, d: DaemonDep, who: Who):
+    return Json(d.overview.cluster(request.app.version))
+
+
+@router.get("/healthz", response_model=Health)
+async def healthz(d: DaemonDep):
+    """Liveness (no token): answers while the daemon serves."""
+    return {"ok": True}
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+async def metrics(d: DaemonDep):
+    """The scheduler's own metrics (no token, like any Prometheus target)."""
+    return Response(d.metrics.render(), media_type=TEXT_CONTENT_TYPE)
+
+
+@router.get("/metrics/http_sd", response_class=Response,
+            responses={200: {"content": {"application/json": {}},
+                             "description": "Prometheus HTTP service discovery: one target per node"}})
+async def metrics_http_sd(request: Request, d: DaemonDep):
+    """One scrape target per node, so every GPU series carries `instance` = the node."""
+    host = request.headers.get("host") or request.url.netloc
+    return Response(d.metrics.http_sd(host, request.url.scheme), media_type=SD_CONTENT_TYPE)
+
+
+@router.get("/metrics/nodes/{name}", response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "one node's GPUs, as dcgm-exporter"},
+                       404: {"model": ErrorBody, "description": "no such node"},
+                       422: {"model": ErrorBody, "description": "not a node name"}})
+async def metrics_node(name: Annotated[str, Path(pattern=NAME_RE)], d: DaemonDep):
+    body = d.metrics.render_node(name)
+    if body is None:
+        raise NotFound(f"node {name!r} does not exist; `trainyard nodes` lists them", "name")
+    return Response(body, media_type=TEXT_CONTENT_TYPE)

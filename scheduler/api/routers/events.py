@@ -1,0 +1,74 @@
+"""/v1/events: the audit trail, paged forward from any id, or streamed live (server-sent events)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from ..deps import DaemonDep, Who
+from ..errors import responses
+from ..schemas import MAX_ID, EventRead
+from .common import Json
+
+router = APIRouter(prefix="/v1", tags=["events"])
+KEEPALIVE_S = 15
+
+
+def sse(ev: dict) -> str:
+    return f"id: {ev['id']}\nevent: {ev['action']}\ndata: {json.dumps(ev, separators=(',', ':'))}\n\n"
+
+
+def _last_event_id(value: str | None) -> int | None:
+    """The SSE resume point; ids past the largest possible one simply have nothing after them."""
+    if value is None or not value.strip():
+        return None
+    return min(int(value.strip()), MAX_ID)
+
+
+@router.get("/events", response_model=list[EventRead],
+            responses={**responses(), 200: {"description": "events; with `stream` or Accept: text/event-stream, "
+                                            "a server-sent event stream",
+                                            "content": {"text/event-stream": {}}}})
+async def events(request: Request, d: DaemonDep, who: Who,
+                 since: Annotated[int | None, Query(ge=0, le=MAX_ID, description=
+                                                    "events after this id (0: from the start); "
+                                                    "omitted: the newest `limit`")] = None,
+                 limit: Annotated[int, Query(ge=1, le=10000)] = 200, stream: bool = False,
+                 last_event_id: Annotated[str, Header(pattern=r"^[0-9]{0,19}$",
+                                                      description="resume a stream after this id")] = ""):
+    wants_stream = stream or "text/event-stream" in request.headers.get("accept", "")
+    resume = _last_event_id(last_event_id)
+    if resume is not None:
+        since = resume
+    backlog = d.overview.events(since, limit)
+    if not wants_stream:
+        return Json(backlog)
+    queue = d.store.subscribe()
+
+    async def gen():
+        seen = since or 0
+        try:
+            for ev in backlog:
+                seen = ev["id"]
+                yield sse(ev)
+            while True:
+                try:
+                    ev = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    yield ": keepalive\n\n"
+                    continue
+                if ev is None:
+                    return
+                if ev["id"] is not None and ev["id"] <= seen:
+                    continue
+                seen = ev["id"] or seen
+                yield sse(ev)
+        finally:
+            d.store.unsubscribe(queue)
+
+    return StreamingResponse(gen(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

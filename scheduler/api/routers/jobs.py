@@ -1,0 +1,90 @@
+"""/v1/jobs: submit, list, show, change priority, cancel/hold/release/requeue, read the log."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+
+from ... import models as m
+from ...daemon import Invalid, JobFilter, JobRequest
+from ..deps import DaemonDep, Who
+from ..errors import responses
+from ..schemas import MAX_ID, JobPatch, JobRead, JobSubmit, LogChunk, storable
+from .common import Json
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="the job's id")]
+Name = Annotated[str | None, Query(max_length=64)]
+_ONE = "|".join([*m.JOB_STATES, *(s.lower() for s in m.JOB_STATES)])
+STATES_RE = f"^({_ONE})(,({_ONE}))*$"  # one state or several, comma-separated
+
+
+@router.get("", response_model=list[JobRead], responses=responses())
+async def list_jobs(d: DaemonDep, who: Who, all: bool = False,
+                    state: Annotated[list[Annotated[str, Query(pattern=STATES_RE)]] | None, Query()] = None,
+                    user: Name = None, queue: Name = None,
+                    limit: Annotated[int, Query(ge=1, le=100000)] = 5000):
+    """Jobs waiting or running (`all` for finished ones too, newest first); filter by state, user, queue."""
+    states: set[str] = set()
+    for part in state or ():
+        states.update(x.strip().upper() for x in part.split(",") if x.strip())
+    bad = states - set(m.JOB_STATES)
+    if bad:
+        raise Invalid(f"state: unknown job state {sorted(bad)[0]!r}; one of {', '.join(m.JOB_STATES)}", "state")
+    for name, value in (("user", user), ("queue", queue)):
+        try:
+            storable(value, name)
+        except ValueError as e:
+            raise Invalid(str(e), name) from None
+    return Json(d.jobs.list(who, JobFilter(all=all, states=frozenset(states), user=user, queue=queue,
+                                           limit=limit)))
+
+
+@router.post("", status_code=201, response_model=JobRead, responses=responses(403, 404, 409))
+async def submit(body: JobSubmit, d: DaemonDep, who: Who):
+    """Submit one job (or one array of tasks); answers the job, PENDING."""
+    req = JobRequest(
+        command=body.command, script=body.script, name=body.name, queue=body.queue, gpus=body.gpus,
+        gpu_type=body.gpu_type, nodes=body.nodes, cpus=body.cpus, mem_mb=body.mem,
+        time_limit_s=body.time_limit, priority=body.priority, retries=body.retries, dependency=body.after,
+        array=body.array, constraint=body.constraint or {}, exclusive=body.exclusive, nice=body.nice,
+        account=body.account, env=body.env, workdir=body.workdir, hold=body.hold,
+    )
+    return Json(d.jobs.submit(who, req), status_code=201)
+
+
+@router.get("/{job_id}", response_model=JobRead, responses=responses(404))
+async def get_job(job_id: JobId, d: DaemonDep, who: Who):
+    return Json(d.jobs.get(who, job_id))
+
+
+@router.patch("/{job_id}", response_model=JobRead, responses=responses(403, 404))
+async def patch_job(job_id: JobId, body: JobPatch, d: DaemonDep, who: Who):
+    """Change a pending job's priority (raising it needs the operator role)."""
+    return Json(d.jobs.set_priority(who, job_id, body.priority))
+
+
+def _action(action: str, doc: str):
+    async def act(job_id: JobId, d: DaemonDep, who: Who):
+        return Json(d.jobs.act(who, job_id, action))
+
+    act.__doc__ = doc
+    act.__name__ = f"{action}_job"
+    router.add_api_route(f"/{{job_id}}/{action}", act, methods=["POST"], response_model=JobRead,
+                         responses=responses(403, 404, 409), name=f"{action}_job")
+
+
+_action("cancel", "Cancel: a waiting job ends CANCELLED; a running one gets SIGTERM, then SIGKILL.")
+_action("hold", "Hold a PENDING job (JobHeldUser, or JobHeldAdmin when an operator holds it).")
+_action("release", "Release a hold; a user cannot release an operator's hold (JobHeldAdmin).")
+_action("requeue", "Requeue: a running job is stopped and waits again; a finished one runs again.")
+
+
+@router.get("/{job_id}/log", response_model=LogChunk, responses=responses(403, 404, 503))
+async def job_log(job_id: JobId, d: DaemonDep, who: Who,
+                  offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+                  rank: Annotated[int, Query(ge=0, le=4096)] = 0,
+                  limit: Annotated[int, Query(ge=1, le=4 * 2**20)] = 65536):
+    """A piece of the job's output from `offset`; users read only their own jobs' logs."""
+    return await d.jobs.log(who, job_id, offset, rank, limit)

@@ -1,0 +1,251 @@
+"""The daemon: a small facade that wires its collaborators and runs their loops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import logging
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+from sqlmodel import Session, col, select
+
+from .. import models as m
+from ..config import DaemonConfig, client_config_path, write_private
+from ..metrics import Metrics
+from ..models import Job, Node, Queue
+from ..nodes import SshSettings
+from ..planner import PolicyConfig, UsageLedger
+from ..store import init_schema, make_engine
+from .caller import Caller
+from .clock import Clock
+from .dispatch import Dispatcher
+from .gpuhealth import HealthMonitor
+from .inventory import Inventory
+from .jobs import JobService
+from .lifecycle import JobLifecycle, RankExit
+from .links import NodeLinks
+from .overview import Overview
+from .readmodel import MetricsReadModel
+from .reconcile import Reconciler
+from .scheduling import SchedulingCycle
+from .state import StateStore
+from .tokens import Tokens
+from .views import node_json
+
+log = logging.getLogger("trainyard.daemon")
+
+
+class Daemon:
+    """Holds the collaborators; each has one concern (see "How the code is organised" in the README)."""
+
+    def __init__(self, config: DaemonConfig, home: Path, clock: Clock | None = None):
+        self.config = config
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.clock = clock or Clock()
+        self.db_url = config.db or str(home / "trainyard.db")
+        self.engine = make_engine(self.db_url)
+        self.known_hosts = home / "known_hosts"
+        self.key_path = home / "ssh" / "id_ed25519"
+        self.url = ""
+        self.policy: PolicyConfig = config.policy_config
+        self.ledger = UsageLedger(self.policy.fairshare_half_life_s)
+        self.users: dict[str, str] = dict(config.users)
+        self.store = StateStore(self.engine, self.clock)
+        settings = SshSettings(
+            known_hosts=str(self.known_hosts), connect_timeout_s=config.connect_timeout_s,
+            keepalive_interval_s=config.keepalive_interval_s, keepalive_count_max=config.keepalive_count_max,
+            reconnect_max_backoff_s=config.reconnect_max_backoff_s,
+            telemetry_interval_s=config.telemetry_interval_s,
+        )
+        self.links = NodeLinks(settings, str(self.key_path), self.clock, self.on_agent_message,
+                               self._on_link_problem, config.nodes.agent_dir, config.nodes.min_uid)
+        self.readmodel = MetricsReadModel(self.store, self.links, self.clock,
+                                          lambda user: self.policy.user_team.get(user, "default"))
+        self.metrics = Metrics(self.readmodel)
+        # after-commit hooks: the read model first (job.allocation is still set on a requeue)
+        self.store.on_job_state += [self.readmodel.on_job_state, self.metrics.on_job_state]
+        self.lifecycle = JobLifecycle(self.store, self.links, self.clock, self.policy, self.ledger,
+                                      config.kill_grace_s, self.wake)
+        self.dispatcher = Dispatcher(self.links, self.unix_user)
+        self.health = HealthMonitor(config.health_rules, self.clock, self._drain_for_health, self.wake)
+        self.cycle = SchedulingCycle(self.store, self.links, self.health, self.lifecycle, self.dispatcher,
+                                     self.clock, self.policy, self.ledger, config.schedule_interval_s,
+                                     self.metrics)
+        self.reconciler = Reconciler(self.store, self.links, self.lifecycle, self.dispatcher, self.clock,
+                                     self.wake, self._observe_started)
+        self.jobs = JobService(self.store, self.lifecycle, self.links, self.clock, self.policy, self.wake,
+                               self.metrics.job_submitted)
+        self.inventory = Inventory(self.store, self.links, self.lifecycle, self.clock, self.known_hosts,
+                                   self.key_path, config.connect_timeout_s, self.wake, self.health.forget)
+        self.tokens = Tokens(self.store, self.clock)
+        self.overview = Overview(self.store, self.clock, self.policy, self.ledger, config.cluster_name)
+        self._tasks: list[asyncio.Task] = []
+        self._running = False
+
+    # ---------------------------------------------------------------- lifecycle
+    def prepare(self) -> None:
+        """Everything that needs no event loop: schema, the SSH key, the configured queues."""
+        init_schema(self.engine)
+        self.ensure_ssh_key()
+        self.known_hosts.touch(mode=0o600, exist_ok=True)
+        with self.store.tx() as s:
+            wanted = {"default": None, **self.policy.queues}
+            for name, qp in wanted.items():
+                q = s.get(Queue, name) or Queue(name=name)
+                if qp is not None:  # the config file decides a queue's shape; `open` is runtime state
+                    q.priority = qp.priority
+                    q.default_time_limit_s = int(qp.default_time_limit_s) if qp.default_time_limit_s else None
+                    q.max_time_limit_s = int(qp.max_time_limit_s) if qp.max_time_limit_s else None
+                    if not qp.open:
+                        q.open = False
+                s.add(q)
+            self._load_usage(s)
+        self.store.load_index()
+
+    def _load_usage(self, s: Session) -> None:
+        """Rebuild the fair-share ledger from the runs of the last ten half-lives."""
+        since = self.clock.time() - 10 * self.policy.fairshare_half_life_s
+        rows = s.exec(select(Job).where(col(Job.end_time) > since, col(Job.start_time).is_not(None))
+                      .order_by(col(Job.end_time))).all()
+        for job in rows:
+            self.ledger.charge_run(job.user, self.policy.team_of(job), job.gpus * job.nodes, job.start_time,
+                                   job.end_time)
+
+    def ensure_ssh_key(self) -> None:
+        if self.key_path.exists():
+            return
+        self.key_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        key = asyncssh.generate_private_key("ssh-ed25519", comment="trainyard-daemon")
+        write_private(self.key_path, key.export_private_key().decode())
+        (self.key_path.parent / "id_ed25519.pub").write_text(key.export_public_key().decode())
+
+    def create_token(self, user: str, role: str, created_by: str, address: str = "") -> str:
+        return self.tokens.create(user, role, created_by, address)
+
+    def bootstrap_admin(self, url: str) -> str | None:
+        """On the first start, create an admin token for the local user and write client.toml."""
+        if self.tokens.any():
+            return None
+        token = self.tokens.create(getpass.getuser(), "admin", "first-start")
+        write_private(client_config_path(), f'url = "{url}"\ntoken = "{token}"\n')
+        return token
+
+    async def start(self) -> None:
+        self._running = True
+        with self.store.read() as s:
+            for node in s.exec(select(Node)).all():
+                self.links.start(node)
+        self._tasks = [
+            asyncio.create_task(self.cycle.loop(lambda: self._running), name="schedule"),
+            asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
+        ]
+
+    async def stop(self) -> None:
+        self._running = False
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self.links.stop_all()
+        self.store.close_streams()
+        self.engine.dispose()
+
+    def close_streams(self) -> None:
+        self.store.close_streams()
+
+    def wake(self) -> None:
+        self.cycle.wake()
+
+    def unix_user(self, user: str) -> str:
+        """The Unix account a user's jobs run as: `[users]` in trainyard.toml, its "*" entry, else the same name."""
+        return self.users.get(user) or self.users.get("*") or user
+
+    def schedule_once(self) -> int:
+        return self.cycle.run_once()
+
+    # ---------------------------------------------------------------- agents
+    def on_agent_message(self, name: str, msg: dict) -> None:
+        ev = msg.get("ev")
+        try:
+            if ev == "telemetry":
+                sample = {"time": msg.get("time"), "gpus": msg.get("gpus", []), "source": msg.get("source")}
+                self.links.telemetry[name] = sample
+                self.health.observe(name, sample)
+            elif ev == "hello":
+                self.reconciler.on_hello(name, msg)
+            elif ev == "started":
+                self.reconciler.on_started(name, msg["key"])
+            elif ev == "exited":
+                end = RankExit(msg.get("rc"), lost=bool(msg.get("lost")), oom=bool(msg.get("oom")))
+                self.reconciler.on_exited(name, msg["key"], end, msg.get("end_time"))
+            elif ev == "launch_failed":
+                self.reconciler.on_launch_failed(name, msg["key"], str(msg.get("reason", "")))
+            elif ev == "error":
+                log.warning("node %s: agent error: %s", name, msg.get("error"))
+        except (KeyError, TypeError, ValueError) as e:  # a malformed message never stops the link
+            log.warning("node %s: dropped malformed %s message: %s", name, ev, e)
+
+    def _on_link_problem(self, name: str, error: str) -> None:
+        self.store.audit("trainyard", "node.unreachable", name, {"error": error})
+
+    def _drain_for_health(self, name: str, verdicts: list[str]) -> None:
+        self.inventory.drain_for_health(name, verdicts)
+
+    def _observe_started(self, job: Job) -> None:
+        t0 = self.cycle.starting_since.pop(job.id, None)
+        if t0 is not None:
+            self.metrics.dispatch_latency.observe(self.clock.monotonic() - t0)
+        self.metrics.submit_to_running.observe(max(0.0, self.clock.time() - job.submit_time))
+
+    # ---------------------------------------------------------------- housekeeping
+    async def _housekeeping_loop(self) -> None:
+        while self._running:
+            await asyncio.sleep(0.5)
+            try:
+                self.housekeeping(self.clock.time())
+            except Exception:
+                log.exception("housekeeping failed")
+
+    def housekeeping(self, now: float) -> None:
+        with self.store.tx() as s:
+            self.lifecycle.enforce_limits(s, now)
+            for name, since in list(self.links.unreachable_since.items()):
+                if now - since < self.config.node_grace_s:
+                    continue
+                node = s.get(Node, name)
+                if node is not None:
+                    self.inventory.mark_down(s, node, since, now)
+
+    # ---------------------------------------------------------------- node views
+    def node_views(self, name: str | None = None) -> list[dict[str, Any]]:
+        with self.store.read() as s:
+            used = Overview.gpu_usage(s)
+            if name is not None:
+                nodes = [Inventory.get(s, name)]
+            else:
+                nodes = s.exec(select(Node).order_by(Node.name)).all()
+            return [node_json(n, connected=self.links.connected(n.name), problem=self.links.problem(n.name),
+                              gpus_used=used.get(n.name, 0), telemetry=self.links.telemetry.get(n.name),
+                              excluded=self.health.excluded_gpus(n.name)) for n in nodes]
+
+    # ---------------------------------------------------------------- for metrics (read-only)
+    @property
+    def telemetry(self) -> dict[str, dict]:
+        return self.links.telemetry
+
+    def gpu_usage(self, s: Session) -> dict[str, int]:
+        return Overview.gpu_usage(s)
+
+    def job_counts(self, s: Session) -> list[tuple[str, str, int]]:
+        return Overview.job_counts(s)
+
+    def caller(self, user: str, role: str, address: str = "") -> Caller:
+        return Caller(user, role, address)
+
+
+__all__ = ["Daemon", "m"]

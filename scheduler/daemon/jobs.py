@@ -1,0 +1,270 @@
+"""Jobs as users see them: submit, list, show, change, hold/release/cancel/requeue, read logs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy import insert, update
+from sqlalchemy import select as sa_select
+from sqlmodel import Session, select
+
+from .. import models as m
+from ..models import Job, Node, Queue
+from ..planner import PolicyConfig, depends_on, parse_array
+from .caller import Caller
+from .clock import Clock
+from .errors import Conflict, Forbidden, NotFound
+from .lifecycle import JobLifecycle, job_key
+from .links import NodeLinks
+from .state import StateStore
+from .views import job_json
+
+ACTIONS = ("cancel", "hold", "release", "requeue")
+
+
+@dataclass
+class JobRequest:
+    """A validated submission (the API's body, already parsed into plain values)."""
+
+    command: list[str] | None = None
+    script: str | None = None
+    name: str | None = None
+    queue: str = "default"
+    gpus: int = 0
+    gpu_type: str | None = None
+    nodes: int = 1
+    cpus: int = 1
+    mem_mb: int | None = None
+    time_limit_s: int | None = None
+    priority: int = 0
+    retries: int = 0
+    dependency: str | None = None
+    array: str | None = None
+    constraint: dict[str, str] = field(default_factory=dict)
+    exclusive: bool = False
+    nice: int = 0
+    account: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    hold: bool = False
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    all: bool = False
+    states: frozenset[str] = frozenset()
+    user: str | None = None
+    queue: str | None = None
+    limit: int = 5000
+
+
+class JobService:
+    def __init__(self, store: StateStore, lifecycle: JobLifecycle, links: NodeLinks, clock: Clock,
+                 policy: PolicyConfig, wake, submitted=lambda queue, n: None):
+        self.submitted = submitted
+        self.store = store
+        self.lifecycle = lifecycle
+        self.links = links
+        self.clock = clock
+        self.policy = policy
+        self.wake = wake
+
+    # ---------------------------------------------------------------- reads
+    def get(self, caller: Caller, job_id: int) -> dict[str, Any]:
+        with self.store.read() as s:
+            return job_json(self._job(s, job_id), caller)
+
+    def list(self, caller: Caller, f: JobFilter) -> list[dict[str, Any]]:
+        t = Job.__table__.c
+        q = sa_select(Job.__table__)  # plain rows: a listing of thousands need not build ORM objects
+        if f.states:
+            q = q.where(t.state.in_(f.states))
+        elif not f.all:
+            q = q.where(t.state.in_(m.ACTIVE_STATES | m.WAITING_STATES))
+        if f.user:
+            q = q.where(t.user == f.user)
+        if f.queue:
+            q = q.where(t.queue == f.queue)
+        q = q.order_by(t.id.desc() if f.all else t.id).limit(f.limit)
+        with self.store.engine.connect() as conn:
+            return [job_json(SimpleNamespace(**r._mapping), caller) for r in conn.execute(q)]
+
+    @staticmethod
+    def _job(s: Session, job_id: int) -> Job:
+        job = s.get(Job, job_id)
+        if job is None:
+            raise NotFound(f"job {job_id} does not exist", "job_id")
+        return job
+
+    # ---------------------------------------------------------------- submit
+    def submit(self, caller: Caller, req: JobRequest) -> dict[str, Any]:
+        if req.priority > 0 and not caller.at_least("operator"):
+            raise Forbidden(f"a positive --priority needs the operator role; {caller.user} is {caller.role}")
+        if req.nice < 0 and not caller.at_least("operator"):
+            raise Forbidden(f"a negative --nice needs the operator role; {caller.user} is {caller.role}")
+        self._check_account(caller, req.account)
+        now = self.clock.time()
+        with self.store.tx() as s:
+            queue = self._queue(s, req.queue)
+            self._check_fits(s, req)
+            limit = req.time_limit_s or queue.default_time_limit_s or self.policy.default_time_limit_s
+            limit = int(limit) if limit else None
+            if queue.max_time_limit_s and limit and limit > queue.max_time_limit_s:
+                raise Conflict(f"time_limit: {limit}s is over queue {queue.name!r}'s maximum of "
+                               f"{queue.max_time_limit_s}s", "time_limit")
+            for dep in depends_on(req.dependency or ""):
+                if s.get(Job, dep) is None:
+                    raise NotFound(f"after: job {dep} does not exist", "after")
+            name = req.name or (os.path.basename(req.command[0]) if req.command else "script")
+            tasks, limit_tasks = parse_array(req.array) if req.array else ((None,), None)
+            hold = m.HOLD_USER if not caller.at_least("operator") else m.HOLD_ADMIN
+            # Core inserts: submission is the API's hot path, and ORM objects cost more than rows
+            values = dict(
+                name=name, user=caller.user, queue=queue.name, state=m.PENDING,
+                held=hold if req.hold else "", reason=m.HOLD_REASONS[hold] if req.hold else "",
+                command=req.command, script=req.script, gpus=req.gpus, gpu_type=req.gpu_type,
+                nodes=req.nodes, cpus=req.cpus, mem_mb=req.mem_mb or 0, time_limit_s=limit,
+                priority=req.priority, retries=req.retries, attempt=0, failures=0,
+                dependency=req.dependency or "", env=req.env, workdir=req.workdir, submit_time=now,
+                eligible_time=now, constraint=req.constraint or {}, exclusive=req.exclusive,
+                nice=req.nice, account=req.account or "", allocation=[], kill_reason="",
+                attained_gpu_s=0.0, array_task_id=tasks[0], array_parent=None,
+                array_limit=limit_tasks if req.array else None,
+            )
+            table = Job.__table__
+            first = s.execute(insert(table), values).inserted_primary_key[0]
+            if req.array:
+                values["array_parent"] = first
+                s.execute(update(table).where(table.c.id == first).values(array_parent=first))
+                if len(tasks) > 1:
+                    s.execute(insert(table), [{**values, "array_task_id": t} for t in tasks[1:]])
+            job = SimpleNamespace(id=first, start_time=None, end_time=None, exit_code=None,
+                                  estimated_start=None, **values)
+            self.store.record(s, caller.user, "job.submit", str(first),
+                              {"queue": job.queue, "gpus": job.gpus, "nodes": job.nodes, "state": job.state,
+                               "tasks": len(tasks) if req.array else None}, caller.address)
+        self.submitted(job.queue, len(tasks))
+        if not req.hold:
+            self.wake()
+        return job_json(job, caller)
+
+    def _check_account(self, caller: Caller, account: str | None) -> None:
+        """A user charges only a team they belong to; operators and admins may charge any."""
+        if not account or caller.at_least("operator"):
+            return
+        team = self.policy.teams.get(account)
+        own = self.policy.user_team.get(caller.user, "default")
+        if account == own or (team is not None and caller.user in team.users):
+            return
+        raise Forbidden(f"account: {caller.user} is not a member of team {account!r} (their team: {own}); "
+                        "only operators may charge another team", "account")
+
+    @staticmethod
+    def _queue(s: Session, name: str) -> Queue:
+        queue = s.get(Queue, name)
+        if queue is None:
+            names = ", ".join(q.name for q in s.exec(select(Queue).order_by(Queue.name)).all())
+            raise NotFound(f"queue: unknown queue {name!r}; queues: {names}", "queue")
+        return queue
+
+    @staticmethod
+    def _check_fits(s: Session, req: JobRequest) -> None:
+        sizes = sorted(s.exec(select(Node.gpus_total, Node.name)).all(), reverse=True)
+        if not sizes:
+            return  # nothing registered yet: the job waits for nodes
+        if req.gpus > sizes[0][0]:
+            raise Conflict(f"gpus: {req.gpus} GPUs per node is more than any node has "
+                          f"(largest: {sizes[0][0]} on {sizes[0][1]}); use --nodes to spread the job", "gpus")
+        enough = sum(1 for g, _ in sizes if g >= req.gpus)
+        if req.nodes > enough:
+            raise Conflict(f"nodes: {req.nodes} nodes with {req.gpus} GPUs each requested, "
+                          f"but the cluster has only {enough} such nodes", "nodes")
+
+    # ---------------------------------------------------------------- changes
+    def set_priority(self, caller: Caller, job_id: int, priority: int) -> dict[str, Any]:
+        with self.store.tx() as s:
+            job = self._job(s, job_id)
+            if not caller.may_act_on(job.user):
+                raise Forbidden(f"job {job_id} belongs to {job.user}; only they or an operator may change it")
+            if priority > job.priority and not caller.at_least("operator"):
+                raise Forbidden(f"raising a job's priority needs the operator role; {caller.user} is {caller.role}")
+            old, job.priority = job.priority, priority
+            s.add(job)
+            self.store.record(s, caller.user, "job.priority", str(job_id), {"from": old, "to": priority},
+                              caller.address)
+        self.wake()
+        return job_json(job, caller)
+
+    def act(self, caller: Caller, job_id: int, action: str) -> dict[str, Any]:
+        with self.store.tx() as s:
+            job = self._job(s, job_id)
+            if not caller.may_act_on(job.user):
+                raise Forbidden(f"job {job_id} belongs to {job.user}; {caller.user} ({caller.role}) may only "
+                                f"{action} their own jobs")
+            getattr(self, f"_{action}")(s, job, caller)
+            self.store.record(s, caller.user, f"job.{action}", str(job_id), {"state": job.state},
+                              caller.address)
+        self.wake()
+        return job_json(job, caller)
+
+    def _cancel(self, s: Session, job: Job, caller: Caller) -> None:
+        if job.state in m.WAITING_STATES:
+            job.end_time = self.clock.time()
+            job.held = ""
+            self.store.set_state(s, job, m.CANCELLED, f"cancelled by {caller.user}", actor=caller.user)
+        elif job.state in m.ACTIVE_STATES:
+            job.reason = f"cancelled by {caller.user}"
+            self.lifecycle.kill(s, job, "cancel")
+        else:
+            raise Conflict(f"job {job.id} is already {job.state}; nothing to cancel")
+
+    def _hold(self, s: Session, job: Job, caller: Caller) -> None:
+        if job.state != m.PENDING:
+            raise Conflict(f"job {job.id} is {job.state}; only PENDING jobs can be held")
+        kind = m.HOLD_ADMIN if caller.at_least("operator") else m.HOLD_USER
+        if job.held == kind or job.held == m.HOLD_ADMIN:
+            raise Conflict(f"job {job.id} is already held ({m.HOLD_REASONS[job.held]})")
+        job.held = kind
+        self.store.set_state(s, job, m.PENDING, m.HOLD_REASONS[kind], actor=caller.user)
+
+    def _release(self, s: Session, job: Job, caller: Caller) -> None:
+        if job.state != m.PENDING or not job.held:
+            raise Conflict(f"job {job.id} is {job.state} and not held; nothing to release")
+        if job.held == m.HOLD_ADMIN and not caller.at_least("operator"):
+            raise Forbidden(f"job {job.id} was held by an operator (JobHeldAdmin); only an operator or "
+                            "admin may release it")
+        job.held = ""
+        self.store.set_state(s, job, m.PENDING, "", actor=caller.user)
+
+    def _requeue(self, s: Session, job: Job, caller: Caller) -> None:
+        if job.state in m.ACTIVE_STATES:
+            self.lifecycle.kill(s, job, "requeue")
+        elif job.state in m.FINAL_STATES:
+            job.end_time = None
+            self.lifecycle.requeue(s, job, f"requeued by {caller.user}")
+        else:
+            raise Conflict(f"job {job.id} is {job.state}; it is already waiting to run")
+
+    # ---------------------------------------------------------------- logs
+    async def log(self, caller: Caller, job_id: int, offset: int, rank: int, limit: int) -> dict[str, Any]:
+        with self.store.read() as s:
+            job = self._job(s, job_id)
+        if not caller.may_act_on(job.user):
+            raise Forbidden(f"job {job_id} belongs to {job.user}; {caller.user} may read only their own "
+                            "jobs' logs")
+        ranks = len(job.allocation)
+        if rank >= max(ranks, 1):
+            have = f"ranks 0..{ranks - 1}" if ranks else "no ranks: it has not run yet"
+            raise NotFound(f"rank: job {job_id} has no rank {rank}; it has {have}", "rank")
+        if not ranks:
+            return {"data": "", "next": offset, "state": job.state, "node": None}
+        node = job.allocation[rank]["node"]
+        if node not in self.links.names():
+            raise NotFound(f"node {node} is not known to the daemon any more; the log stayed there")
+        reply = await self.links.request(node, {"op": "log", "key": job_key(job), "offset": offset,
+                                                "limit": limit})
+        return {"data": reply.get("data", ""), "next": reply.get("next", offset), "state": job.state,
+                "node": node}

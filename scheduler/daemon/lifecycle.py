@@ -1,0 +1,203 @@
+"""Job lifecycle: signals, rank ends, final states, requeues, time limits and lost nodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlmodel import Session, col, select
+
+from .. import models as m
+from ..models import Job, Node
+from ..planner import PolicyConfig, UsageLedger
+from .clock import Clock
+from .links import NodeLinks
+from .state import StateStore
+
+
+def job_key(job: Job) -> str:
+    """The agent's name for one attempt of a job: `<id>.<attempt>`."""
+    return f"{job.id}.{job.attempt}"
+
+
+def parse_key(key: str) -> tuple[int, int]:
+    a, _, b = str(key).partition(".")
+    return int(a), int(b or 0)
+
+
+@dataclass(frozen=True)
+class RankExit:
+    rc: int | None
+    lost: bool = False
+    oom: bool = False
+
+
+class JobLifecycle:
+    """Ends jobs: decides each final state in Slurm's words, requeues where allowed, frees nodes."""
+
+    def __init__(self, store: StateStore, links: NodeLinks, clock: Clock, policy: PolicyConfig,
+                 ledger: UsageLedger, kill_grace_s: float, wake):
+        self.store = store
+        self.links = links
+        self.clock = clock
+        self.policy = policy
+        self.ledger = ledger
+        self.kill_grace_s = kill_grace_s
+        self.wake = wake
+        self.rank_exits: dict[int, dict[str, RankExit]] = {}
+
+    # ---------------------------------------------------------------- queries
+    def active_jobs_on(self, s: Session, node: str) -> list[Job]:
+        ids = self.store.active.on(node)
+        if not ids:
+            return []
+        jobs = s.exec(select(Job).where(col(Job.id).in_(ids))).all()
+        return [j for j in jobs if j.state in m.ACTIVE_STATES]
+
+    # ---------------------------------------------------------------- signals
+    def signal(self, job: Job, sig: str, skip: frozenset[str] | set[str] = frozenset()) -> None:
+        for a in job.allocation:
+            if a["node"] not in skip:
+                self.links.send(a["node"], {"op": "signal", "key": job_key(job), "sig": sig})
+
+    def kill(self, s: Session, job: Job, why: str) -> None:
+        """Ask a running job to stop: SIGTERM now, SIGKILL after the grace period."""
+        if job.kill_reason in ("cancel", "timeout") and why != "cancel":
+            return
+        if why != "preempt":
+            job.kill_grace_s = None
+        job.kill_reason, job.kill_time = why, self.clock.time()
+        s.add(job)
+        self.signal(job, "TERM")
+
+    # ---------------------------------------------------------------- ends
+    def rank_ended(self, s: Session, job: Job, node: str, end: RankExit,
+                   end_time: float | None = None) -> None:
+        exits = self.rank_exits.setdefault(job.id, {})
+        exits[node] = end
+        ranks = [a["node"] for a in job.allocation]
+        if len(exits) < len(ranks):
+            # one rank of a gang ended early: a failure ends the whole job
+            if (end.lost or end.oom or end.rc != 0) and not job.kill_reason:
+                job.kill_reason, job.kill_time = "rank_failed", self.clock.time()
+                s.add(job)
+                self.signal(job, "TERM", skip=set(exits))
+            return
+        self.finish(s, job, exits, end_time)
+
+    def fail_launch(self, s: Session, job: Job, node: str, reason: str) -> None:
+        """A rank could not start (no such account, a refused user): the job FAILS, saying why."""
+        job.reason = f"launch failed on {node}: {reason}"[:500]
+        job.kill_reason = "launch_failed"
+        self.store.record(s, "trainyard", "job.launch_failed", str(job.id), {"node": node, "reason": reason})
+        self.rank_ended(s, job, node, RankExit(None))
+
+    def fail_on_node(self, s: Session, job: Job, node: str, why: str) -> None:
+        """The daemon gives up on a node: the job ends NODE_FAIL (requeued if retries allow)."""
+        job.kill_reason, job.reason = "node_fail", why
+        self.signal(job, "KILL", skip={node})
+        self.finish(s, job, {a["node"]: RankExit(None, lost=True) for a in job.allocation})
+
+    def finish(self, s: Session, job: Job, exits: dict[str, RankExit], end_time: float | None = None) -> None:
+        """All ranks have ended: decide the final state, requeue where allowed, free the nodes."""
+        self.rank_exits.pop(job.id, None)
+        key = job_key(job)
+        nodes = [a["node"] for a in job.allocation]
+        order = {n: i for i, n in enumerate(nodes)}
+        ranked = sorted(exits.items(), key=lambda kv: order.get(kv[0], 0))
+        codes = [e.rc for _, e in ranked]
+        lost = [n for n, e in ranked if e.lost]
+        oom = [n for n, e in ranked if e.oom]
+        failed_rc = next((rc for rc in codes if rc not in (0, None)), None)
+        job.end_time = end_time or self.clock.time()
+        if job.start_time:
+            gpus = job.gpus * len(nodes)
+            job.attained_gpu_s += gpus * max(0.0, job.end_time - job.start_time)
+            self.ledger.charge_run(job.user, self.policy.team_of(job), gpus, job.start_time, job.end_time)
+        job.exit_code = failed_rc if failed_rc is not None else (codes[0] if codes else None)
+        state, reason = self._final_state(job, lost, oom, failed_rc)
+        for n in nodes:
+            self.links.send(n, {"op": "forget", "keys": [key]})
+        if state == "REQUEUE":
+            self.requeue(s, job, "requeued by request")
+        elif state == m.PREEMPTED:
+            self.store.set_state(s, job, m.PREEMPTED, job.reason, exit_code=job.exit_code)
+            self.requeue(s, job, "requeued after preemption")
+        elif state in (m.FAILED, m.NODE_FAIL, m.OUT_OF_MEMORY) and job.failures < job.retries:
+            self.store.set_state(s, job, state, reason, exit_code=job.exit_code)
+            job.failures += 1
+            self.requeue(s, job, f"retry {job.failures} of {job.retries} after {state}")
+        else:
+            self.store.set_state(s, job, state, reason, exit_code=job.exit_code)
+            job.kill_reason = ""
+            s.add(job)
+        self.settle_drains(s, nodes, exclude=job.id)
+        self.wake()
+
+    def _final_state(self, job: Job, lost: list[str], oom: list[str], failed_rc) -> tuple[str, str]:
+        why = job.kill_reason
+        if why == "node_fail":  # the daemon gave up on the node (down, removed)
+            return m.NODE_FAIL, job.reason or "node down"
+        if why == "cancel":
+            return m.CANCELLED, job.reason if job.reason.startswith("cancelled") else ""
+        if why == "timeout":
+            return m.TIMEOUT, f"time limit {job.time_limit_s}s reached"
+        if why == "preempt":
+            return m.PREEMPTED, ""
+        if why == "requeue":
+            return "REQUEUE", ""
+        if why == "launch_failed":
+            return m.FAILED, job.reason
+        if oom:
+            return m.OUT_OF_MEMORY, f"memory limit of {job.mem_mb} MiB exceeded on {', '.join(oom)}"
+        if lost:
+            return m.NODE_FAIL, f"lost on {', '.join(lost)}"
+        if failed_rc is None:
+            return m.COMPLETED, ""
+        return m.FAILED, f"exit code {failed_rc}"
+
+    def requeue(self, s: Session, job: Job, why: str) -> None:
+        job.attempt += 1
+        job.allocation = []
+        job.start_time = None
+        job.end_time = None
+        job.kill_reason = ""
+        job.kill_time = None
+        job.exit_code = None
+        job.eligible_time = self.clock.time()
+        self.store.set_state(s, job, m.PENDING, why)
+
+    # ---------------------------------------------------------------- nodes
+    def drain(self, s: Session, node: Node, reason: str, actor: str, address: str = "") -> None:
+        """Stop new work on a node: DRAINING while jobs run there, DRAINED once none do."""
+        node.state = m.DRAINING if self.store.active.on(node.name) else m.DRAINED
+        node.reason = reason
+        s.add(node)
+        self.store.record(s, actor, "node.drain", node.name, {"state": node.state, "reason": reason}, address)
+
+    def settle_drains(self, s: Session, nodes: list[str], exclude: int | None = None) -> None:
+        for name in nodes:
+            node = s.get(Node, name)
+            if node is None or node.state != m.DRAINING:
+                continue
+            if self.store.active.on(name) - {exclude}:
+                continue
+            node.state = m.DRAINED
+            s.add(node)
+            self.store.record(s, "trainyard", "node.state", name, {"state": m.DRAINED, "reason": node.reason})
+
+    # ---------------------------------------------------------------- housekeeping
+    def enforce_limits(self, s: Session, now: float) -> None:
+        """SIGKILL what outlived its grace period; stop what reached its time limit."""
+        t = Job.__table__.c
+        due = s.exec(select(Job).where(col(Job.state).in_(m.ACTIVE_STATES),
+                                       (t.kill_reason != "") | t.time_limit_s.is_not(None))).all()
+        for job in due:
+            grace = self.kill_grace_s if job.kill_grace_s is None else job.kill_grace_s
+            if job.kill_reason and job.kill_time and now - job.kill_time > grace:
+                job.kill_time = now  # SIGKILL again each grace period until it is gone
+                s.add(job)
+                self.signal(job, "KILL")
+            elif (not job.kill_reason and job.time_limit_s and job.start_time
+                  and now - job.start_time > job.time_limit_s):
+                self.kill(s, job, "timeout")
+                self.store.record(s, "trainyard", "job.timeout", str(job.id), {"limit_s": job.time_limit_s})

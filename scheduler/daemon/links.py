@@ -1,0 +1,94 @@
+"""Node links: one SSH connection and agent channel per node, their state, and their telemetry."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ..models import Node
+from ..nodes import NodeError, NodeLink, SshSettings, SshTarget
+from .clock import Clock
+from .errors import NotFound, Unavailable
+
+log = logging.getLogger("trainyard.daemon")
+
+
+class NodeLinks:
+    """The daemon's side of every node: who is connected, why not, and what the agent last said."""
+
+    def __init__(self, settings: SshSettings, default_key: str, clock: Clock,
+                 on_message: Callable[[str, dict], None], on_problem: Callable[[str, str], None],
+                 agent_dir: str = "", min_uid: int = 1000):
+        self.settings = settings
+        self.agent_dir = agent_dir  # [nodes] agent_dir: a node's own setting wins
+        self.min_uid = min_uid
+        self.default_key = default_key
+        self.clock = clock
+        self._on_message = on_message
+        self._on_problem = on_problem
+        self._links: dict[str, NodeLink] = {}
+        self.errors: dict[str, str] = {}  # node -> why its link is down
+        self.unreachable_since: dict[str, float] = {}
+        self.telemetry: dict[str, dict] = {}  # node -> last sample {"time", "gpus", "source"}
+        self.addresses: dict[str, str] = {}
+
+    def target(self, node: Node) -> SshTarget:
+        agent_dir = node.agent_dir if node.agent_dir not in ("", ".trainyard") else self.agent_dir
+        return SshTarget(node.name, node.address, node.port, node.user, node.key_path or self.default_key,
+                         agent_dir, node.gpus_total, node.gpu_model, self.min_uid)
+
+    def start(self, node: Node) -> None:
+        link = NodeLink(self.target(node), self.settings, self._on_message, self._on_link)
+        self._links[node.name] = link
+        self.addresses[node.name] = node.address
+        self.unreachable_since.setdefault(node.name, self.clock.time())
+        link.start()
+
+    async def stop(self, name: str) -> None:
+        link = self._links.pop(name, None)
+        if link is not None:
+            await link.stop()
+        for table in (self.telemetry, self.errors, self.unreachable_since, self.addresses):
+            table.pop(name, None)
+
+    async def stop_all(self) -> None:
+        for name in list(self._links):
+            await self.stop(name)
+
+    def names(self) -> list[str]:
+        return list(self._links)
+
+    def connected(self, name: str) -> bool:
+        link = self._links.get(name)
+        return link is not None and link.connected
+
+    def connected_count(self) -> int:
+        return sum(link.connected for link in self._links.values())
+
+    def send(self, name: str, msg: dict) -> bool:
+        """Queue one message for a node's agent; False when the link is down or unknown."""
+        link = self._links.get(name)
+        return link is not None and link.send(msg)
+
+    async def request(self, name: str, msg: dict, timeout: float = 10.0) -> dict:
+        link = self._links.get(name)
+        if link is None:
+            raise NotFound(f"node {name} is not known to the daemon")
+        try:
+            return await link.request(msg, timeout=timeout)
+        except NodeError as e:
+            raise Unavailable(str(e)) from None
+
+    def problem(self, name: str) -> str:
+        return "" if self.connected(name) else self.errors.get(name, "")
+
+    async def _on_link(self, name: str, up: bool, error: str) -> None:
+        if up:
+            self.errors.pop(name, None)
+            self.unreachable_since.pop(name, None)
+            return
+        changed = self.errors.get(name) != error
+        self.errors[name] = error
+        self.unreachable_since.setdefault(name, self.clock.time())
+        if changed:  # one event per new problem, not one per reconnect attempt
+            self._on_problem(name, error)

@@ -1,0 +1,109 @@
+"""Cluster-wide read models: the cluster summary, queues, teams, GPU usage and the event trail."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlmodel import Session, col, func, select
+
+from .. import models as m
+from ..models import Event, Job, Node, Queue
+from ..planner import PolicyConfig, UsageLedger
+from .clock import Clock
+from .scheduling import _T, VIEW_COLUMNS, job_view, view_rows
+from .state import StateStore, event_json
+
+
+class Overview:
+    def __init__(self, store: StateStore, clock: Clock, policy: PolicyConfig, ledger: UsageLedger,
+                 cluster_name: str):
+        self.store = store
+        self.clock = clock
+        self.policy = policy
+        self.ledger = ledger
+        self.cluster_name = cluster_name
+
+    @staticmethod
+    def gpu_usage(s: Session) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for (alloc,) in view_rows(s, (_T.allocation,), _T.state.in_(m.ACTIVE_STATES)):
+            for a in alloc or ():
+                used[a["node"]] = used.get(a["node"], 0) + len(a["gpus"])
+        return used
+
+    @staticmethod
+    def job_counts(s: Session) -> list[tuple[str, str, int]]:
+        return list(s.exec(select(Job.state, Job.queue, func.count()).group_by(Job.state, Job.queue)).all())
+
+    def cluster(self, version: str) -> dict[str, Any]:
+        with self.store.read() as s:
+            nodes = s.exec(select(Node)).all()
+            used = self.gpu_usage(s)
+            counts = self.job_counts(s)
+        by_state: dict[str, int] = {}
+        for state, _q, n in counts:
+            by_state[state] = by_state.get(state, 0) + n
+        return {
+            "name": self.cluster_name, "version": version,
+            "nodes_total": len(nodes), "nodes_up": sum(n.state == m.UP for n in nodes),
+            "gpus_total": sum(n.gpus_total for n in nodes), "gpus_used": sum(used.values()),
+            "jobs_running": sum(by_state.get(st, 0) for st in m.ACTIVE_STATES),
+            "jobs_pending": sum(by_state.get(st, 0) for st in m.WAITING_STATES),
+            "jobs_by_state": by_state,
+        }
+
+    def queues(self) -> list[dict[str, Any]]:
+        with self.store.read() as s:
+            counts = self.job_counts(s)
+            used: dict[str, int] = {}
+            for queue, alloc in view_rows(s, (_T.queue, _T.allocation), _T.state.in_(m.ACTIVE_STATES)):
+                used[queue] = used.get(queue, 0) + sum(len(a["gpus"]) for a in alloc or ())
+            out = []
+            for q in s.exec(select(Queue).order_by(Queue.name)).all():
+                c = {st: n for st, qn, n in counts if qn == q.name}
+                qp = self.policy.queues.get(q.name)
+                out.append({
+                    "name": q.name, "priority": q.priority, "state": "open" if q.open else "stopped",
+                    "default_time_limit": q.default_time_limit_s, "max_time_limit": q.max_time_limit_s,
+                    "aliases": list(getattr(qp, "aliases", ()) or ()),
+                    "pending": sum(c.get(st, 0) for st in m.WAITING_STATES),
+                    "running": sum(c.get(st, 0) for st in m.ACTIVE_STATES),
+                    "gpus_used": used.get(q.name, 0),
+                })
+            return out
+
+    def teams(self) -> list[dict[str, Any]]:
+        """Per team: quota, GPUs in use, decayed fair-share usage, pending and running jobs."""
+        policy = self.policy
+        with self.store.read() as s:
+            rows = view_rows(s, VIEW_COLUMNS, _T.state.in_(m.ACTIVE_STATES | m.WAITING_STATES))
+        views = [(r._mapping["state"], job_view(r)) for r in rows]
+        running = [v for st, v in views if st in m.ACTIVE_STATES]
+        usage = self.ledger.decayed(self.clock.time(), running, policy.team_of)
+        names = set(policy.teams) | {policy.team_of(v) for _, v in views} | {"default"}
+        out = []
+        for name in sorted(names):
+            quota = policy.teams.get(name)
+            mine = [(st, v) for st, v in views if policy.team_of(v) == name]
+            out.append({
+                "name": name, "cohort": quota.cohort if quota else None,
+                "nominal_gpus": quota.nominal_gpus if quota else None,
+                "borrowing_limit_gpus": quota.borrowing_limit_gpus if quota else None,
+                "lending_limit_gpus": quota.lending_limit_gpus if quota else None,
+                "fairshare_shares": quota.fairshare if quota else 1.0,
+                "users": list(quota.users) if quota else [],
+                "gpus_used": sum(v.gpus * len(v.allocation) for st, v in mine if st in m.ACTIVE_STATES),
+                "running": sum(st in m.ACTIVE_STATES for st, _ in mine),
+                "pending": sum(st in m.WAITING_STATES for st, _ in mine),
+                "usage_gpu_hours": round(usage.get(f"team:{name}", 0.0) / 3600, 3),
+            })
+        return out
+
+    def events(self, since: int | None, limit: int) -> list[dict[str, Any]]:
+        """Forward from an id (`since`, 0 for the start of the trail), else the newest `limit`."""
+        with self.store.read() as s:
+            if since is not None:
+                rows = s.exec(select(Event).where(col(Event.id) > since).order_by(col(Event.id)).limit(limit)).all()
+            else:
+                rows = list(reversed(s.exec(select(Event).order_by(col(Event.id).desc()).limit(limit)).all()))
+            return [event_json(e) for e in rows]

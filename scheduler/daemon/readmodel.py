@@ -1,0 +1,75 @@
+"""The cluster as metrics read it: cheap, consistent reads at scrape time (metrics.ClusterReadModel)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from sqlmodel import select
+
+from .. import models as m
+from ..metrics import NodeInfo
+from ..models import Node, Queue
+from .clock import Clock
+from .links import NodeLinks
+from .overview import Overview
+from .scheduling import _T, view_rows
+from .state import StateStore
+
+
+class MetricsReadModel:
+    def __init__(self, store: StateStore, links: NodeLinks, clock: Clock, team_of):
+        self.store = store
+        self.links = links
+        self.clock = clock
+        self.team_of = team_of
+        self.finished_team_gpu_s: dict[str, float] = {}
+
+    def job_counts(self) -> Iterable[tuple[str, str, int]]:
+        with self.store.read() as s:
+            return Overview.job_counts(s)
+
+    def queues(self) -> Iterable[str]:
+        with self.store.read() as s:
+            return list(s.exec(select(Queue.name)).all())
+
+    def nodes(self) -> Iterable[NodeInfo]:
+        with self.store.read() as s:
+            rows = s.exec(select(Node)).all()
+        return [NodeInfo(n.name, n.state, n.gpus_total, (n.agent_info or {}).get("host", ""),
+                         (n.agent_info or {}).get("driver_version", "")) for n in rows]
+
+    def gpu_usage(self) -> Mapping[str, int]:
+        with self.store.read() as s:
+            return Overview.gpu_usage(s)
+
+    def telemetry(self) -> Mapping[str, dict]:
+        return self.links.telemetry
+
+    def gpu_jobs(self) -> Mapping[tuple[str, int], object]:
+        out: dict[tuple[str, int], object] = {}
+        with self.store.read() as s:
+            for jid, alloc in view_rows(s, (_T.id, _T.allocation), _T.state.in_(m.ACTIVE_STATES)):
+                for a in alloc or ():
+                    for g in a["gpus"]:
+                        out[(a["node"], int(g))] = jid
+        return out
+
+    def team_gpu_seconds(self) -> Mapping[str, float]:
+        """GPU-seconds per team: runs ended since the daemon started, plus running jobs up to now."""
+        totals = dict(self.finished_team_gpu_s)
+        now = self.clock.time()
+        with self.store.read() as s:
+            rows = view_rows(s, (_T.user, _T.account, _T.gpus, _T.allocation, _T.start_time),
+                             _T.state.in_(m.ACTIVE_STATES))
+        for user, account, gpus, alloc, start in rows:
+            if start:
+                team = account or self.team_of(user)
+                totals[team] = totals.get(team, 0.0) + gpus * len(alloc or ()) * max(0.0, now - start)
+        return totals
+
+    def on_job_state(self, job, old: str | None) -> None:
+        if old in m.ACTIVE_STATES and job.state not in m.ACTIVE_STATES and job.start_time:
+            team = job.account or self.team_of(job.user)
+            end = job.end_time or self.clock.time()
+            self.finished_team_gpu_s[team] = self.finished_team_gpu_s.get(team, 0.0) + \
+                job.gpus * len(job.allocation or ()) * max(0.0, end - job.start_time)

@@ -1,0 +1,139 @@
+"""Reconcile: what the agents report (hello, started, exited, sync) against what the database holds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .. import models as m
+from ..models import Job, Node
+from .clock import Clock
+from .dispatch import Dispatcher
+from .errors import DomainError
+from .lifecycle import JobLifecycle, RankExit, job_key, parse_key
+from .links import NodeLinks
+from .state import StateStore
+
+log = logging.getLogger("trainyard.daemon")
+
+GPU_SOURCES = ("nvml", "simulated", "declared")
+# what hello tells about the node that `trainyard nodes` shows (fencing: how jobs are isolated)
+AGENT_FACTS = ("protocol", "host", "user", "root", "jobs_as_owners", "min_uid", "fencing", "gpu_note",
+               "driver_version", "runtimes")
+
+
+class Reconciler:
+    """The node is the source of truth for processes (DESIGN.md boundary 2): believe its reports."""
+
+    def __init__(self, store: StateStore, links: NodeLinks, lifecycle: JobLifecycle,
+                 dispatcher: Dispatcher, clock: Clock, wake, observe_latency):
+        self.store = store
+        self.links = links
+        self.lifecycle = lifecycle
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.wake = wake
+        self.observe_latency = observe_latency  # (job, started_at) -> None
+
+    def on_hello(self, name: str, msg: dict) -> None:
+        with self.store.tx() as s:
+            node = s.get(Node, name)
+            if node is None:
+                return
+            if msg.get("gpu_source") in GPU_SOURCES:
+                node.gpu_indices = [int(g["index"]) for g in msg.get("gpus", [])]
+                node.gpus_total = len(node.gpu_indices)
+                node.gpu_model = msg.get("gpu_model") or node.gpu_model
+            else:
+                node.gpu_indices = []
+                node.gpus_total = 0
+            node.cpus = int(msg.get("cpus") or 0)
+            node.mem_mb = int(msg.get("mem_mb") or 0)
+            node.agent_info = {k: msg[k] for k in AGENT_FACTS if k in msg}
+            node.last_seen = self.clock.time()
+            if node.state in (m.DOWN, m.PROVISIONING) or (node.state == m.BOOTSTRAPPING and not node.reason):
+                node.state = m.UP
+                node.reason = ""
+                self.store.record(s, "trainyard", "node.state", name,
+                                  {"state": m.UP, "gpu_source": msg.get("gpu_source")})
+            s.add(node)
+        asyncio.get_running_loop().create_task(self.resync(name))
+
+    async def resync(self, name: str) -> None:
+        """Ask the agent what runs and what ended while nobody listened, and reconcile."""
+        try:
+            reply = await self.links.request(name, {"op": "sync"}, timeout=30)
+        except DomainError as e:  # the link dropped again; the next hello retries
+            log.info("node %s: sync failed: %s", name, e)
+            return
+        self.reconcile(name, reply.get("jobs", []))
+
+    def reconcile(self, name: str, reports: list[dict]) -> None:
+        reported = {r["key"]: r for r in reports if isinstance(r, dict) and "key" in r}
+        relaunch: list[Job] = []
+        orphans: list[str] = []
+        forget: list[str] = []
+        watch: dict[str, dict] = {}
+        with self.store.tx() as s:
+            for job in self.lifecycle.active_jobs_on(s, name):
+                key = job_key(job)
+                r = reported.pop(key, None)
+                gpus = next((a["gpus"] for a in job.allocation if a["node"] == name), [])
+                state = r["state"] if r else "unknown"
+                if state == "unknown":
+                    if job.state == m.CONFIGURING:
+                        relaunch.append(job)  # the launch never arrived: send it again
+                    else:
+                        self.lifecycle.rank_ended(s, job, name, RankExit(None, lost=True))
+                elif state in ("running", "starting"):
+                    watch[key] = {"gpus": gpus, "job_id": job.id}
+                    if job.state == m.CONFIGURING and state == "running":
+                        self.store.set_state(s, job, m.RUNNING)
+                elif state == "failed":  # the launch was refused on the node (no such account, ...)
+                    self.lifecycle.fail_launch(s, job, name, str(r.get("reason", "launch failed")))
+                elif state in ("exited", "lost"):
+                    self.lifecycle.rank_ended(s, job, name, RankExit(r.get("rc"), lost=state == "lost",
+                                                                     oom=bool(r.get("oom"))))
+            for key, r in reported.items():
+                if r.get("state") in ("running", "starting"):
+                    orphans.append(key)
+                    self.store.record(s, "trainyard", "job.orphan", key, {"node": name, "action": "SIGKILL"})
+                else:
+                    forget.append(key)
+        for job in relaunch:
+            self.dispatcher.dispatch_rank(job, name)
+        for key in orphans:
+            self.links.send(name, {"op": "signal", "key": key, "sig": "KILL"})
+        if forget:
+            self.links.send(name, {"op": "forget", "keys": forget})
+        if watch:
+            self.links.send(name, {"op": "watch", "jobs": watch})
+        self.wake()
+
+    def on_started(self, name: str, key: str) -> None:
+        job_id, attempt = parse_key(key)
+        with self.store.tx() as s:
+            job = s.get(Job, job_id)
+            if job is None or job.attempt != attempt or job.state != m.CONFIGURING:
+                return
+            self.store.set_state(s, job, m.RUNNING, node=name)
+        self.observe_latency(job)
+
+    def on_exited(self, name: str, key: str, end: RankExit, end_time: float | None) -> None:
+        job_id, attempt = parse_key(key)
+        with self.store.tx() as s:
+            job = s.get(Job, job_id)
+            stale = job is None or job.attempt != attempt or job.state not in m.ACTIVE_STATES
+            if not stale:
+                self.lifecycle.rank_ended(s, job, name, end, end_time)
+        if stale:
+            self.links.send(name, {"op": "forget", "keys": [key]})
+
+    def on_launch_failed(self, name: str, key: str, reason: str) -> None:
+        """The agent could not start a rank (no such account, refused user): the job FAILS with why."""
+        job_id, attempt = parse_key(key)
+        with self.store.tx() as s:
+            job = s.get(Job, job_id)
+            if job is None or job.attempt != attempt or job.state not in m.ACTIVE_STATES:
+                return
+            self.lifecycle.fail_launch(s, job, name, reason)

@@ -1,0 +1,229 @@
+"""The scheduling cycle: (1) snapshot, (2) plan (pure), (3) commit decisions, (4) dispatch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from sqlalchemy import bindparam, literal_column, update
+from sqlalchemy import select as sa_select
+from sqlmodel import Session, col, select
+
+from .. import models as m
+from ..models import Job, Node, Queue
+from ..planner import (
+    HELD,
+    JobView,
+    NodeView,
+    PolicyConfig,
+    QueueView,
+    Snapshot,
+    UsageLedger,
+    depends_on,
+    plan,
+)
+from .clock import Clock
+from .dispatch import Dispatcher
+from .gpuhealth import HealthMonitor
+from .lifecycle import JobLifecycle
+from .links import NodeLinks
+from .state import StateStore
+
+log = logging.getLogger("trainyard.daemon")
+
+# Columns the planner needs, read as plain Core rows: hydrating ORM objects for thousands of
+# pending jobs per cycle costs more than the planning itself.
+_T = Job.__table__.c
+VIEW_COLUMNS = (_T.id, _T.user, _T.queue, _T.name, _T.gpus, _T.nodes, _T.cpus, _T.mem_mb,
+                _T.gpu_type, _T.priority, _T.submit_time, _T.state, _T.held, _T.time_limit_s,
+                _T.start_time, _T.allocation, _T.dependency, _T.constraint, _T.exclusive,
+                _T.nice, _T.account, _T.array_parent, _T.array_limit, _T.attained_gpu_s,
+                _T.kill_reason, _T.kill_time, _T.attempt)
+# pending jobs hold no allocation: skip decoding that JSON column for them
+PENDING_COLUMNS = tuple(literal_column("NULL").label("allocation") if c.name == "allocation" else c
+                        for c in VIEW_COLUMNS)
+
+
+def job_view(r) -> JobView:
+    """A JobView from one row of VIEW_COLUMNS."""
+    x = r._mapping
+    return JobView(
+        id=x["id"], user=x["user"], queue=x["queue"], name=x["name"], gpus=x["gpus"], nodes=x["nodes"],
+        cpus=x["cpus"], mem_mb=x["mem_mb"], gpu_type=x["gpu_type"], priority=x["priority"],
+        submit_time=x["submit_time"], held=bool(x["held"]), time_limit_s=x["time_limit_s"],
+        start_time=x["start_time"],
+        allocation=tuple((a["node"], tuple(a["gpus"])) for a in x["allocation"] or ()),
+        dependency=x["dependency"] or "", constraint=x["constraint"] or {}, exclusive=x["exclusive"],
+        nice=x["nice"], account=x["account"], array_parent=x["array_parent"],
+        array_limit=x["array_limit"], attained_gpu_s=x["attained_gpu_s"],
+        preempted_at=x["kill_time"] if x["kill_reason"] == "preempt" else None,
+    )
+
+
+def view_rows(s: Session, columns, *where) -> list:
+    return s.connection().execute(sa_select(*columns).where(*where)).all()
+
+
+class SchedulingCycle:
+    """Plans with the pure planner and commits its decisions before anything is sent to a node."""
+
+    def __init__(self, store: StateStore, links: NodeLinks, health: HealthMonitor, lifecycle: JobLifecycle,
+                 dispatcher: Dispatcher, clock: Clock, policy: PolicyConfig, ledger: UsageLedger,
+                 interval_s: float, metrics):
+        self.store = store
+        self.links = links
+        self.health = health
+        self.lifecycle = lifecycle
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.policy = policy
+        self.ledger = ledger
+        self.interval_s = interval_s
+        self.metrics = metrics
+        self.last_cycle_s = 0.0
+        self.starting_since: dict[int, float] = {}
+        self._pending_cache: dict[int, tuple[tuple, JobView]] = {}
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # ---------------------------------------------------------------- 1. snapshot
+    def pending_views(self, s: Session) -> tuple[list[JobView], dict[int, tuple]]:
+        """The pending jobs as JobViews, decoded only when new or changed since the last cycle.
+
+        While a job stays PENDING only its priority and hold can change; a requeue bumps its
+        attempt. So (attempt, priority, held) is the cache key; everything else is fetched once.
+        """
+        t = _T
+        light = s.connection().execute(sa_select(t.id, t.attempt, t.priority, t.held, t.reason,
+                                                 t.estimated_start).where(t.state == m.PENDING)).all()
+        cache, fresh = self._pending_cache, {}
+        missing = []
+        for jid, attempt, prio, held, _reason, _est in light:
+            hit = cache.get(jid)
+            if hit is not None and hit[0] == (attempt, prio, held):
+                fresh[jid] = hit
+            else:
+                missing.append(jid)
+        for i in range(0, len(missing), 500):
+            for r in view_rows(s, PENDING_COLUMNS, t.id.in_(missing[i:i + 500])):
+                x = r._mapping
+                fresh[x["id"]] = ((x["attempt"], x["priority"], x["held"]), job_view(r))
+        self._pending_cache = fresh
+        views = [fresh[jid][1] for jid, *_ in light if jid in fresh]
+        return views, {jid: (reason, est, held) for jid, _a, _p, held, reason, est in light}
+
+    def snapshot(self, s: Session, now: float) -> tuple[Snapshot | None, dict[int, tuple]]:
+        pending, rows = self.pending_views(s)
+        if not pending:
+            return None, {}
+        nodes = s.exec(select(Node)).all()
+        active = [job_view(r) for r in view_rows(s, VIEW_COLUMNS, _T.state.in_(m.ACTIVE_STATES))]
+        used: dict[str, set[int]] = {}
+        cpus_used: dict[str, int] = {}
+        mem_used: dict[str, int] = {}
+        for j in active:
+            for node, gpus in j.allocation:
+                used.setdefault(node, set()).update(gpus)
+                cpus_used[node] = cpus_used.get(node, 0) + j.cpus
+                mem_used[node] = mem_used.get(node, 0) + j.mem_mb
+        node_views = tuple(
+            NodeView(
+                name=n.name, gpus_total=n.gpus_total,
+                free_gpus=tuple(g for g in n.gpu_indices if g not in used.get(n.name, ())
+                                and g not in self.health.excluded_gpus(n.name)),
+                cpus_total=n.cpus, cpus_free=n.cpus - cpus_used.get(n.name, 0),
+                mem_total_mb=n.mem_mb, mem_free_mb=n.mem_mb - mem_used.get(n.name, 0),
+                gpu_model=n.gpu_model, labels=dict(n.labels),
+                schedulable=n.state == m.UP and self.links.connected(n.name),
+            )
+            for n in nodes
+        )
+        deps: set[int] = set()
+        for j in pending:
+            deps.update(depends_on(j.dependency))
+        finished = {}
+        if deps:
+            finished = dict(s.exec(select(Job.id, Job.state).where(col(Job.id).in_(deps))).all())
+        queues = {q.name: QueueView(q.name, q.priority, q.open, q.default_time_limit_s, q.max_time_limit_s)
+                  for q in s.exec(select(Queue)).all()}
+        snap = Snapshot(
+            nodes=node_views, pending=tuple(pending), running=tuple(active), queues=queues,
+            finished=finished, usage=self.ledger.decayed(now, active, self.policy.team_of),
+        )
+        return snap, rows
+
+    # ---------------------------------------------------------------- 2-4. plan, commit, dispatch
+    def run_once(self) -> int:
+        t0 = time.perf_counter()
+        now = self.clock.time()
+        started: list[Job] = []
+        with self.store.tx() as s:
+            snap, rows = self.snapshot(s, now)
+            if snap is None:
+                self.last_cycle_s = time.perf_counter() - t0
+                return 0
+            decisions = plan(snap, now, self.policy)
+            for st in decisions.starts:
+                job = s.get(Job, st.job_id)
+                job.allocation = [{"node": n, "gpus": list(g)} for n, g in st.allocation]
+                job.start_time = now
+                job.estimated_start = None
+                self.store.set_state(s, job, m.CONFIGURING, st.reason, allocation=job.allocation)
+                started.append(job)
+            self._commit_waits(s, decisions.waits, rows)
+            for c in decisions.cancels:
+                job = s.get(Job, c.job_id)
+                job.end_time = now
+                self.store.set_state(s, job, m.CANCELLED, c.reason)
+            for p in decisions.preempts:
+                job = s.get(Job, p.job_id)
+                if job is None or job.state not in m.ACTIVE_STATES or job.kill_reason:
+                    continue
+                job.reason = p.reason
+                job.kill_grace_s = p.grace_period_s
+                self.lifecycle.kill(s, job, "preempt")
+                self.store.record(s, "trainyard", "job.preempt", str(job.id),
+                                  {"reason": p.reason, "for_job": p.for_job, "grace_s": p.grace_period_s})
+        self.last_cycle_s = time.perf_counter() - t0
+        self.metrics.schedule_cycle.observe(self.last_cycle_s)
+        mono = self.clock.monotonic()
+        for job in started:
+            self.starting_since[job.id] = mono
+            self.dispatcher.dispatch(job)
+        return len(started)
+
+    @staticmethod
+    def _commit_waits(s: Session, waits, rows: dict[int, tuple]) -> None:
+        """Write only the pending reasons and estimated starts that changed (one batched UPDATE)."""
+        changed = []
+        for w in waits:
+            reason, est, held = rows[w.job_id]
+            new = w.reason
+            if new == HELD:  # Slurm tells a user's hold from an operator's
+                new = m.HOLD_REASONS.get(held, m.HELD_USER)
+            if reason != new or est != w.estimated_start:
+                changed.append({"b_id": w.job_id, "b_reason": new, "b_est": w.estimated_start})
+        if changed:
+            t = Job.__table__
+            s.execute(update(t).where(t.c.id == bindparam("b_id"))
+                      .values(reason=bindparam("b_reason"), estimated_start=bindparam("b_est")), changed)
+
+    async def loop(self, running) -> None:
+        while running():
+            # with nothing new, re-plan now and then (ages, reservations), but a big queue that
+            # costs long cycles is re-planned less often when nothing changes
+            idle = max(self.interval_s, 10 * self.last_cycle_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), idle)
+            # Pace the cycles: a burst of submissions is planned together, and scheduling never
+            # takes more than about a quarter of the event loop's time from the API.
+            await asyncio.sleep(min(0.25, max(0.002, 3 * self.last_cycle_s)))
+            self._wake.clear()
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("scheduling cycle failed")

@@ -1,0 +1,157 @@
+"""State and audit: transactions, the audit/event trail, publishing to streams, the active-job index."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+
+from sqlalchemy import insert
+from sqlalchemy import select as sa_select
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from .. import models as m
+from ..models import Event, Job
+from .clock import Clock
+
+STREAM_BACKLOG_MAX = 10000  # a reader this far behind is dropped rather than grow without bound
+
+
+class ActiveIndex:
+    """Which active jobs hold an allocation on which node: O(jobs on the node), never a scan."""
+
+    def __init__(self) -> None:
+        self.by_node: dict[str, set[int]] = {}
+        self.nodes_of: dict[int, tuple[str, ...]] = {}
+
+    def add(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        self.discard(job_id)
+        self.nodes_of[job_id] = nodes
+        for n in nodes:
+            self.by_node.setdefault(n, set()).add(job_id)
+
+    def discard(self, job_id: int) -> None:
+        for n in self.nodes_of.pop(job_id, ()):
+            ids = self.by_node.get(n)
+            if ids is not None:
+                ids.discard(job_id)
+                if not ids:
+                    del self.by_node[n]
+
+    def on(self, node: str) -> set[int]:
+        return set(self.by_node.get(node, ()))
+
+    def __len__(self) -> int:
+        return len(self.nodes_of)
+
+
+class StateStore:
+    """One transaction per change; events and index updates take effect only after the commit."""
+
+    def __init__(self, engine: Engine, clock: Clock):
+        self.engine = engine
+        self.clock = clock
+        self.active = ActiveIndex()
+        self.subscribers: set[asyncio.Queue] = set()
+        self.on_job_state: list[Callable[[Job, str], None]] = []  # metrics, notifications
+
+    def load_index(self) -> None:
+        t = Job.__table__.c
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa_select(t.id, t.allocation).where(t.state.in_(m.ACTIVE_STATES))).all()
+        for jid, alloc in rows:
+            self.active.add(jid, tuple(a["node"] for a in alloc or ()))
+
+    @contextlib.contextmanager
+    def tx(self) -> Iterator[Session]:
+        """One transaction; what it recorded is published only once it has committed."""
+        s = Session(self.engine, expire_on_commit=False)
+        events: list[dict] = []
+        after: list[Callable[[], None]] = []
+        s.info["events"] = events
+        s.info["after"] = after
+        try:
+            yield s
+            s.commit()
+        except BaseException:
+            s.rollback()
+            raise
+        finally:
+            s.close()
+        for fn in after:
+            fn()
+        for ev in events:
+            self.publish(ev)
+
+    def read(self) -> Session:
+        return Session(self.engine)
+
+    def record(self, s: Session, actor: str, action: str, target: str, detail: dict | None = None,
+               address: str = "") -> dict:
+        """Add an audit/state event to the transaction; published once the transaction commits."""
+        ev = {"time": self.clock.time(), "actor": actor, "action": action, "target": target,
+              "address": address, "detail": detail or {}}
+        # a Core insert: events are written on every change, and ORM objects cost more than the row
+        ev["id"] = s.execute(insert(Event.__table__), ev).inserted_primary_key[0]
+        s.info["events"].append(ev)
+        return ev
+
+    def audit(self, actor: str, action: str, target: str, detail: dict | None = None,
+              address: str = "") -> None:
+        """Record one event in a transaction of its own (refused calls, node problems)."""
+        with self.tx() as s:
+            self.record(s, actor, action, target, detail, address)
+
+    def after_commit(self, s: Session, fn: Callable[[], None]) -> None:
+        s.info["after"].append(fn)
+
+    def set_state(self, s: Session, job: Job, state: str, reason: str = "", actor: str = "trainyard",
+                  **detail) -> None:
+        old = job.state
+        job.state = state
+        job.reason = reason
+        s.add(job)
+        self.record(s, actor, "job.state", str(job.id),
+                    {"state": state, "reason": reason, "user": job.user, **detail})
+        jid = job.id
+        if state in m.ACTIVE_STATES:
+            nodes = tuple(a["node"] for a in job.allocation)
+            self.after_commit(s, lambda: self.active.add(jid, nodes))
+        elif old in m.ACTIVE_STATES:
+            self.after_commit(s, lambda: self.active.discard(jid))
+        if self.on_job_state:
+            seen = SimpleNamespace(id=jid, user=job.user, account=job.account, queue=job.queue, state=state,
+                                   gpus=job.gpus, allocation=list(job.allocation or ()),
+                                   start_time=job.start_time, end_time=job.end_time, reason=reason)
+            for hook in self.on_job_state:
+                self.after_commit(s, lambda hook=hook, seen=seen, old=old: hook(seen, old))
+
+    # ---------------------------------------------------------------- streams
+    def subscribe(self) -> asyncio.Queue:
+        q: asyncio.Queue = asyncio.Queue()
+        self.subscribers.add(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue) -> None:
+        self.subscribers.discard(q)
+
+    def publish(self, data: dict) -> None:
+        for q in list(self.subscribers):
+            if q.qsize() > STREAM_BACKLOG_MAX:
+                self.subscribers.discard(q)
+                q.put_nowait(None)
+                continue
+            q.put_nowait(data)
+
+    def close_streams(self) -> None:
+        """End every server-sent event stream (their readers reconnect to the next daemon)."""
+        for q in list(self.subscribers):
+            q.put_nowait(None)
+        self.subscribers.clear()
+
+
+def event_json(ev: Event) -> dict:
+    return {"id": ev.id, "time": ev.time, "actor": ev.actor, "action": ev.action, "target": ev.target,
+            "address": ev.address, "detail": ev.detail}

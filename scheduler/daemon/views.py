@@ -1,0 +1,44 @@
+"""Read models: the JSON shapes of jobs and nodes that the API, CLI and TUI show."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .caller import Caller
+
+
+def job_json(j, viewer: Caller | None = None) -> dict[str, Any]:
+    """One job; another user's environment shows its names but not their values."""
+    env = dict(j.env or {})
+    if viewer is not None and not viewer.may_act_on(j.user):
+        env = dict.fromkeys(env)
+    return {
+        "id": j.id, "name": j.name, "user": j.user, "queue": j.queue, "state": j.state, "reason": j.reason,
+        "held": j.held or None, "command": j.command, "script": j.script is not None, "gpus": j.gpus,
+        "gpu_type": j.gpu_type, "nodes": j.nodes, "cpus": j.cpus, "mem": j.mem_mb,
+        "time_limit": j.time_limit_s, "priority": j.priority, "retries": j.retries, "failures": j.failures,
+        "attempt": j.attempt, "dependency": j.dependency or None, "array_job_id": j.array_parent,
+        "array_task_id": j.array_task_id, "constraint": j.constraint or {}, "exclusive": j.exclusive,
+        "nice": j.nice, "account": j.account or None, "env": env, "workdir": j.workdir,
+        "submit_time": j.submit_time, "start_time": j.start_time, "end_time": j.end_time,
+        "exit_code": j.exit_code, "estimated_start": j.estimated_start,
+        "allocation": [{"node": a["node"], "gpus": a["gpus"]} for a in j.allocation or ()],
+    }
+
+
+def node_json(n, *, connected: bool, problem: str, gpus_used: int, telemetry: dict | None,
+              excluded: dict[int, str]) -> dict[str, Any]:
+    reason = n.reason
+    if not connected and problem and (not reason or reason == "connecting"):
+        reason = problem
+    info = n.agent_info or {}
+    return {
+        "name": n.name, "address": n.address, "port": n.port, "user": n.user, "pool": n.pool,
+        "provider": n.provider, "state": n.state, "reason": reason, "connected": connected,
+        "gpu_model": n.gpu_model, "gpus_total": n.gpus_total, "gpus_used": gpus_used,
+        "cpus": n.cpus, "mem_mb": n.mem_mb, "labels": n.labels, "last_seen": n.last_seen,
+        "simulated": n.simulated, "agent_dir": n.agent_dir,
+        "fencing": info.get("fencing"), "agent": info,
+        "telemetry": telemetry or {"time": None, "gpus": []},
+        "excluded_gpus": {str(g): why for g, why in excluded.items()},
+    }

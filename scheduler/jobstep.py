@@ -1,0 +1,188 @@
+"""One job on a node, like Slurm's slurmstepd: runs it as its owner in its cgroup, records its end.
+
+Part of the agent's bundle (standard library, Python 3.8); the agent starts it as
+`python3 <bundle> wrap <job dir>` in a session of its own, so it outlives the agent, the SSH
+link and the daemon. It reads `spec.json` (written by the agent), starts the job in a new
+session (the job's pid leads it), as the job's account and inside the job's cgroups, copies
+the job's output to the agent's `log` and to the job's own output files when it has any,
+and writes the exit status atomically to `rc` (128+N for signal N), with `oom` beside it
+when the kernel's OOM killer ended a process of the job. Everything the job started ends
+with it where it has a cgroup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+
+if __package__:
+    from . import fencing
+    from .accounts import Account, become
+else:  # inside the agent's bundle on a node
+    import fencing
+    from accounts import Account, become
+
+CHUNK = 65536
+
+
+def write_atomic(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def exit_code(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _open_as(account, path: str) -> int:
+    """Open (append) an output file with the job owner's rights, not the agent's."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    if account is None or os.geteuid() != 0:
+        return os.open(path, flags, 0o644)
+    old_umask = os.umask(0o077)
+    os.setgroups(account.groups)
+    os.setegid(account.gid)
+    os.seteuid(account.uid)
+    try:
+        return os.open(path, flags, 0o600)
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+        os.setgroups([])
+        os.umask(old_umask)
+
+
+def _child(spec: dict, account, out_fd: int, err_fd: int) -> None:
+    """In the forked child: own session, the job's cgroups, the owner's identity, then exec."""
+    try:
+        os.setsid()
+        fencing.join(spec.get("cgroups") or [])
+        if account is not None and os.geteuid() == 0:
+            become(account)
+        os.umask(int(spec.get("umask", 0o077)))
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        os.closerange(3, 65536)
+        try:
+            os.chdir(spec["cwd"])
+        except OSError as e:
+            os.write(2, f"trainyard: cannot enter {spec['cwd']}: {e.strerror}\n".encode())
+            os._exit(1)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        argv = spec["argv"]
+        try:
+            os.execvpe(argv[0], argv, spec["env"])
+        except OSError as e:
+            os.write(2, f"trainyard: cannot run {argv[0]}: {e.strerror}\n".encode())
+            os._exit(127)
+    except BaseException as e:  # noqa: BLE001 - nothing of the wrapper may run on in the child
+        try:
+            os.write(2, f"trainyard: cannot start the job: {e}\n".encode())
+        finally:
+            os._exit(1)
+
+
+def run(job_dir: str) -> int:
+    os.chdir(job_dir)
+    os.umask(0o077)
+    write_atomic("wpid", str(os.getpid()))
+    with open("spec.json") as f:
+        spec = json.load(f)
+    account = Account.from_dict(spec["account"]) if spec.get("account") else None
+    cgroups = spec.get("cgroups") or []
+    log = os.open("log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def fail(text: str, rc: int) -> int:
+        os.write(log, f"trainyard: {text}\n".encode())
+        fencing.remove(cgroups)
+        write_atomic("rc", str(rc))
+        return rc
+
+    files = {}
+    for stream in ("stdout", "stderr"):
+        path = spec.get(stream)
+        if path:
+            try:
+                files[stream] = _open_as(account, path)
+            except OSError as e:
+                who = f" as {account.name}" if account else ""
+                return fail(f"cannot open the {stream} file {path}{who}: {e.strerror}", 1)
+    pipes = {}
+    if files:  # copy the output: the agent's log for `trainyard logs`, and the job's own files
+        for stream in ("stdout", "stderr"):
+            pipes[stream] = os.pipe()
+        out_w, err_w = pipes["stdout"][1], pipes["stderr"][1]
+    else:
+        out_w = err_w = log
+    pid = os.fork()
+    if pid == 0:
+        _child(spec, account, out_w, err_w)
+    write_atomic("pid", str(pid))
+    status = _copy_until_exit(pid, pipes, files, log, cgroups) if files else _wait(pid)
+    rc = exit_code(status)
+    if cgroups:
+        if fencing.oom_killed(cgroups):
+            write_atomic("oom", "1")
+        fencing.remove(cgroups)  # what the job left behind ends with it
+    write_atomic("rc", str(rc))
+    return 0
+
+
+def _wait(pid: int) -> int:
+    while True:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except InterruptedError:
+            continue
+
+
+def _copy_until_exit(pid: int, pipes: dict, files: dict, log: int, cgroups: list) -> int:
+    for _r, w in pipes.values():
+        os.close(w)
+    targets = {
+        pipes["stdout"][0]: [log] + ([files["stdout"]] if "stdout" in files else []),
+        pipes["stderr"][0]: [log] + ([files["stderr"]] if "stderr" in files
+                                     else [files["stdout"]] if "stdout" in files else []),
+    }
+    status = None
+    drain_until = None
+    while targets:
+        ready, _, _ = select.select(list(targets), [], [], 0.2)
+        for fd in ready:
+            data = os.read(fd, CHUNK)
+            if not data:
+                os.close(fd)
+                del targets[fd]
+                continue
+            for t in targets[fd]:
+                os.write(t, data)
+        if status is None:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+                if cgroups:  # end what the job left behind, so its pipes close
+                    fencing.signal_all(cgroups, signal.SIGKILL)
+                drain_until = time.monotonic() + 2.0
+        elif time.monotonic() > drain_until:
+            break  # a daemon the job left (no cgroup to end it) keeps the pipe open
+    for fd in targets:
+        os.close(fd)
+    return status if status is not None else _wait(pid)
+
+
+def main(argv: list) -> int:
+    if len(argv) != 1:
+        sys.stderr.write("usage: agent wrap JOB_DIR\n")
+        return 2
+    return run(argv[0])

@@ -1,0 +1,278 @@
+"""The typed messages between the daemon and the node agent: one JSON object per line.
+
+Standard library only, and Python 3.8 syntax at run time: this module is uploaded to the
+nodes inside the agent's bundle. The daemon writes operations (`op`) on the agent's stdin;
+the agent writes events (`ev`) on its stdout. A request that carries an `id` gets exactly one
+answer with the same `id` (its reply, or an `error`). The daemon checks `protocol` in `hello`
+against PROTOCOL_VERSION and replaces an agent that speaks another version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+PROTOCOL_VERSION = 2
+
+SIGNALS = ("TERM", "KILL", "INT", "USR1", "HUP")
+
+# Every key a GPU's telemetry carries, whatever the source; a field the driver (or the source)
+# cannot tell is present with the value None, never left out. Meanings: docs/gpu.md.
+GPU_FIELDS = (
+    "index", "name", "uuid", "pci_bus_id", "util_gpu", "util_mem", "mem_total_mb", "mem_used_mb",
+    "temp_c", "power_w", "power_limit_w", "sm_clock_mhz",
+    "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "ecc_dbe",
+    "remap_correctable", "remap_uncorrectable", "remap_pending", "remap_failure",
+    "xid", "xid_events", "off_bus", "mig_mode", "mig_instances", "processes", "job_id",
+)
+
+
+class ProtocolError(ValueError):
+    """A line that is not a valid message; the text says which field is wrong and why."""
+
+
+# ---------------------------------------------------------------- daemon -> agent
+
+@dataclass
+class Launch:
+    """Start one rank of a job. `user` is the Unix account (already mapped by the daemon);
+    `gpus` are the allocated indices (the N of /dev/nvidiaN); `stdout`/`stderr` are absolute
+    paths written as the job's user (the agent keeps its own copy for `trainyard logs`)."""
+    op: ClassVar[str] = "launch"
+    key: str
+    job_id: int | None = None
+    argv: list[str] | None = None
+    script: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    gpus: list[int] = field(default_factory=list)
+    user: str | None = None
+    cpus: int | None = None
+    mem_mb: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+@dataclass
+class Signal:
+    """Send a signal to every process of a job (its cgroup where fenced, else its group)."""
+    op: ClassVar[str] = "signal"
+    key: str
+    sig: str = "TERM"
+
+
+@dataclass
+class Sync:
+    """Ask for every job the node knows that was not forgotten (answered by `jobs`)."""
+    op: ClassVar[str] = "sync"
+    id: int | None = None
+
+
+@dataclass
+class Watch:
+    """After a reconnect: which GPUs and job id each running job holds (for telemetry)."""
+    op: ClassVar[str] = "watch"
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Forget:
+    """The daemon recorded these jobs' ends: drop them from `sync` and free their cgroups."""
+    op: ClassVar[str] = "forget"
+    keys: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Log:
+    """Read a job's output from `offset` (answered by `log`)."""
+    op: ClassVar[str] = "log"
+    key: str
+    id: int | None = None
+    offset: int = 0
+    limit: int = 65536
+
+
+@dataclass
+class Fault:
+    """Inject a fault into a simulated GPU (the demo); refused on real nodes."""
+    op: ClassVar[str] = "fault"
+    id: int | None = None
+    gpu: Any = None
+    kind: str = ""
+    value: Any = None
+
+
+@dataclass
+class Ping:
+    op: ClassVar[str] = "ping"
+    id: int | None = None
+
+
+# ---------------------------------------------------------------- agent -> daemon
+
+@dataclass
+class Hello:
+    """First line of every agent. `fencing` says how jobs are isolated on this node, e.g.
+    {"cgroup": "v1", "devices": true, "memory": true, "cpu": true, "pids": true, "reason": ""}."""
+    ev: ClassVar[str] = "hello"
+    protocol: int
+    host: str = ""
+    node: str = ""
+    pid: int = 0
+    user: str = ""
+    cpus: int = 0
+    mem_mb: int = 0
+    gpu_source: str = "none"
+    gpu_model: str = ""
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    gpu_note: str = ""
+    root: str = ""
+    jobs_as_owners: bool = False
+    min_uid: int = 1000
+    fencing: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Started:
+    ev: ClassVar[str] = "started"
+    key: str
+    pid: int | None = None
+
+
+@dataclass
+class Exited:
+    """A job's end. `lost`: it ended with no exit status (the node rebooted); `oom`: its cgroup
+    hit the memory limit (the daemon ends it OUT_OF_MEMORY)."""
+    ev: ClassVar[str] = "exited"
+    key: str
+    rc: int | None = None
+    end_time: float | None = None
+    lost: bool = False
+    oom: bool = False
+
+
+@dataclass
+class LaunchFailed:
+    """The agent refused or could not start a launch; `reason` is for people. The job never
+    ran on this node (the daemon ends it FAILED with the reason, or places it elsewhere)."""
+    ev: ClassVar[str] = "launch_failed"
+    key: str
+    reason: str
+
+
+@dataclass
+class Telemetry:
+    ev: ClassVar[str] = "telemetry"
+    time: float
+    source: str
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Error:
+    """A request that failed (with its `id`), or with `fatal` the reason this agent cannot
+    serve the node at all (it exits after sending it)."""
+    ev: ClassVar[str] = "error"
+    error: str
+    id: int | None = None
+    fatal: bool = False
+
+
+@dataclass
+class Jobs:
+    """Reply to `sync`: one dict per job with `key`, `state` (starting, running, exited, lost,
+    unknown) and, where known, `pid`, `rc`, `end_time`, `oom`."""
+    ev: ClassVar[str] = "jobs"
+    id: int | None = None
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class LogChunk:
+    ev: ClassVar[str] = "log"
+    key: str
+    id: int | None = None
+    offset: int = 0
+    data: str = ""
+    next: int = 0
+    size: int = 0
+
+
+@dataclass
+class Pong:
+    ev: ClassVar[str] = "pong"
+    id: int | None = None
+
+
+@dataclass
+class FaultDone:
+    ev: ClassVar[str] = "fault"
+    id: int | None = None
+    ok: bool = True
+    gpu: Any = None
+    kind: str = ""
+
+
+OPS = {c.op: c for c in (Launch, Signal, Sync, Watch, Forget, Log, Fault, Ping)}
+EVENTS = {c.ev: c for c in (Hello, Started, Exited, LaunchFailed, Telemetry, Error, Jobs,
+                            LogChunk, Pong, FaultDone)}
+
+# annotation text -> the JSON types it accepts (annotations stay strings, never evaluated, so
+# `int | None` works on the nodes' Python 3.8)
+_JSON_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,),
+               "Any": (object,), "None": (type(None),), "list": (list,), "dict": (dict,)}
+
+
+def _accepts(annotation: str) -> tuple:
+    out: tuple = ()
+    for part in annotation.split(" | "):
+        out += _JSON_TYPES.get(part.split("[", 1)[0].strip(), (object,))
+    return out
+
+
+def _build(cls, obj: dict, kind: str):
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in obj:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProtocolError(f"{kind} message lacks the field {f.name!r}")
+            continue
+        v = obj[f.name]
+        ok = _accepts(str(f.type))
+        if (isinstance(v, bool) and bool not in ok and object not in ok) or not isinstance(v, ok):
+            raise ProtocolError(f"{kind} field {f.name!r} must be {f.type}, not {v!r}")
+        values[f.name] = v
+    return cls(**values)
+
+
+def decode_op(obj: dict):
+    """A daemon->agent operation from its JSON object; ProtocolError says what is wrong."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"a message must be a JSON object, not {obj!r}")
+    cls = OPS.get(obj.get("op"))
+    if cls is None:
+        raise ProtocolError(f"unknown op {obj.get('op')!r}; known: {', '.join(sorted(OPS))}")
+    return _build(cls, obj, cls.op)
+
+
+def decode_event(obj: dict):
+    """An agent->daemon event from its JSON object; ProtocolError says what is wrong."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"a message must be a JSON object, not {obj!r}")
+    cls = EVENTS.get(obj.get("ev"))
+    if cls is None:
+        raise ProtocolError(f"unknown event {obj.get('ev')!r}; known: {', '.join(sorted(EVENTS))}")
+    return _build(cls, obj, cls.ev)
+
+
+def to_dict(msg) -> dict:
+    """The JSON object of a message: its `op` or `ev` first, then its fields."""
+    tag = {"op": msg.op} if hasattr(msg, "op") else {"ev": msg.ev}
+    return {**tag, **dataclasses.asdict(msg)}
+
+
+def encode(msg) -> str:
+    """One line of JSON (with its newline) for a message."""
+    return json.dumps(to_dict(msg), separators=(",", ":")) + "\n"

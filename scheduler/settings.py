@@ -1,0 +1,519 @@
+"""Typed models of every table of trainyard.toml, and their conversion into the planner's types.
+
+Each table is a pydantic model that forbids unknown keys and refuses values of the wrong type
+(no "1" for 1, no 1 for true). `Settings.load(path)` raises `SettingsError`, whose message
+names every bad key by its path (`queues.high.preempts[0]: unknown queue 'x'`) with its value.
+The planner stays free of pydantic: `to_policy()` and `to_health()` build its frozen types.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import replace
+from functools import cached_property
+from itertools import pairwise
+from pathlib import Path
+from types import MappingProxyType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from .health import ACTIONS, DRAIN_NODE, FATAL_XIDS, HealthRules
+from .planner.policy import ORDERS, PRESETS, QUEUEINGS, PolicyConfig, QueuePolicy, TeamQuota
+from .units import UnitError, format_duration, parse_duration
+
+POLICIES = ("fifo", "backfill", "fairshare", "las", "qssf")
+# trainyard user names as the API accepts them; Unix account names as useradd accepts them
+USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+UNIX_ACCOUNT = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+MAX_GPUS = 1_000_000  # a bound far above any cluster, well inside a 64-bit column
+
+
+class SettingsError(ValueError):
+    """trainyard.toml (or a table of it) is not valid; `problems` holds one line per bad key."""
+
+    def __init__(self, problems: list[str], source: str = ""):
+        self.problems = problems
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        super().__init__("\n".join(prefix + p for p in problems))
+
+
+# ------------------------------------------------------------------------------ value types
+def _seconds(value: object) -> float:
+    try:
+        return parse_duration(value, key="")
+    except UnitError as e:
+        raise ValueError(e.problem) from None
+
+
+def _names(value: object) -> object:
+    """One name or a list of names (TOML arrays arrive as lists; a lone string is one name)."""
+    return [value] if isinstance(value, str) else value
+
+
+def _nonempty(value: str) -> str:
+    if not value:
+        raise ValueError("expected a non-empty name")
+    return value
+
+
+def _unix_account(value: str) -> str:
+    if value == "root":
+        raise ValueError("jobs never run as 'root'; map the user to their own Unix account")
+    if not UNIX_ACCOUNT.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Unix account name (lower case letters, digits, _ "
+                         "and -, starting with a letter or _, at most 32 characters)")
+    return value
+
+
+def _user_name(value: str) -> str:
+    if value == "*":  # every user without an entry of their own (sites without per-user accounts)
+        return value
+    if not USER_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not a trainyard user name (letters, digits, '.', '_', '-')")
+    return value
+
+
+def _agent_dir(value: str) -> str:
+    if value and not value.startswith("/"):
+        raise ValueError(f"{value!r} must be an absolute path on the node's own disk, "
+                         "e.g. /var/lib/trainyard (or \"\" for the default)")
+    return value
+
+
+def _listen(value: str) -> str:
+    from .config import parse_listen
+
+    try:
+        parse_listen(value)
+    except ValueError:
+        raise ValueError(f"expected HOST:PORT, e.g. 127.0.0.1:8471, got {value!r}") from None
+    return value
+
+
+Seconds = Annotated[float, BeforeValidator(_seconds)]
+PositiveSeconds = Annotated[float, BeforeValidator(_seconds), Field(gt=0)]
+Name = Annotated[str, AfterValidator(_nonempty)]
+Names = Annotated[list[Name], BeforeValidator(_names)]
+Gpus = Annotated[int, Field(ge=0, le=MAX_GPUS)]
+Weight = Annotated[float, Field(ge=0)]
+UserName = Annotated[str, AfterValidator(_user_name)]
+UnixAccount = Annotated[str, AfterValidator(_unix_account)]
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+# ------------------------------------------------------------------------------ the tables
+class DaemonSettings(_Table):
+    """[daemon]: where the daemon listens, its database, and its timings."""
+
+    listen: Annotated[str, AfterValidator(_listen)] = "127.0.0.1:8471"
+    db: str = ""  # default: a SQLite file under TRAINYARD_HOME
+    cluster_name: Name = "trainyard"
+    node_grace_s: Seconds = 60.0  # unreachable this long: node DOWN, its jobs NODE_FAIL
+    connect_timeout_s: PositiveSeconds = 10.0
+    keepalive_interval_s: Seconds = 3.0  # 0: no SSH keepalives
+    keepalive_count_max: int = Field(3, ge=1, le=1000)
+    reconnect_max_backoff_s: PositiveSeconds = 10.0
+    kill_grace_s: Seconds = 10.0  # SIGTERM -> SIGKILL for cancel, timeout and preemption
+    schedule_interval_s: PositiveSeconds = 1.0
+    telemetry_interval_s: PositiveSeconds = 2.0
+
+
+class PriorityWeightsSettings(_Table):
+    """[scheduler.priority_weights]: Slurm's PriorityWeight*; unset keys keep the preset's."""
+
+    age: Weight | None = None
+    fairshare: Weight | None = None
+    job_size: Weight | None = None
+    queue: Weight | None = None
+    max_age: PositiveSeconds | None = None
+    favor_small: bool | None = None
+
+
+class SchedulerSettings(_Table):
+    """[scheduler]: a named policy (preset) and the keys that refine it; unset keys keep it."""
+
+    policy: str = "backfill"
+    order: str | None = None
+    backfill: bool | None = None
+    queueing: str | None = None
+    preemption: bool | None = None
+    max_preemptors_per_pass: int | None = Field(None, ge=0, le=1_000_000)
+    grace_period: Seconds | None = None
+    default_time: Seconds | None = None
+    fairshare_half_life: PositiveSeconds | None = None
+    las_thresholds_gpu_hours: list[Weight] | None = None
+    topology_keys: Names | None = None
+    priority_weights: PriorityWeightsSettings | None = None
+
+    @field_validator("policy", "order", "queueing")
+    @classmethod
+    def _choice(cls, value: str | None, info: ValidationInfo) -> str | None:
+        choices, what = {"policy": (POLICIES, "policy"), "order": (ORDERS, "order"),
+                         "queueing": (QUEUEINGS, "strategy")}[info.field_name]
+        if value is not None and value not in choices:
+            raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
+        return value
+
+    @field_validator("las_thresholds_gpu_hours")
+    @classmethod
+    def _increasing(cls, hours: list[float] | None) -> list[float] | None:
+        if hours is not None and any(a >= b for a, b in pairwise(hours)):
+            raise ValueError(f"thresholds must be strictly increasing, got {hours!r}")
+        return hours
+
+
+class QueueSettings(_Table):
+    """[queues.NAME]: a queue (Slurm partition + QOS)."""
+
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000)
+    state: Literal["open", "stopped"] = "open"
+    default_time: Seconds | None = None
+    max_time: Seconds | None = None
+    preempts: Names = []  # queues whose running jobs this queue's jobs may preempt
+    grace_period: Seconds | None = None  # for this queue's jobs when preempted
+    nodes: dict[str, str] = {}  # labels a node needs to serve this queue
+    aliases: Names = []  # partition names that resolve to this queue (sbatch -p)
+
+    @field_validator("max_time")
+    @classmethod
+    def _max_covers_default(cls, max_time: float | None, info: ValidationInfo) -> float | None:
+        default = info.data.get("default_time")
+        if max_time is not None and default is not None and default > max_time:
+            raise ValueError(f"{format_duration(max_time)} is less than default_time "
+                             f"{format_duration(default)}; raise max_time or lower default_time")
+        return max_time
+
+
+class TeamSettings(_Table):
+    """[teams.NAME]: a team's GPU quota in its cohort (Kueue) and fair-share shares (Slurm)."""
+
+    nominal_gpus: Gpus | None = None  # unset: no quota
+    borrowing_limit_gpus: Gpus | None = None  # unset: may borrow all the cohort lends
+    lending_limit_gpus: Gpus | None = None  # unset: lends all of its unused quota
+    cohort: Name | None = None
+    fairshare: float = Field(1.0, gt=0)
+    users: Names = []  # jobs of these users without --account charge this team
+
+    @field_validator("borrowing_limit_gpus", "lending_limit_gpus")
+    @classmethod
+    def _limits_need_nominal(cls, limit: int | None, info: ValidationInfo) -> int | None:
+        nominal = info.data.get("nominal_gpus")
+        if limit is not None and nominal is None:
+            raise ValueError(f"{limit} needs nominal_gpus: a team without a quota has no limits")
+        if info.field_name == "lending_limit_gpus" and limit is not None and nominal is not None \
+                and limit > nominal:
+            raise ValueError(f"{limit} exceeds nominal_gpus {nominal}")
+        return limit
+
+
+Action = Literal[ACTIONS]  # drain_node | exclude_gpu | off
+
+
+class HealthSettings(_Table):
+    """[health]: which GPU telemetry drains a node or takes a GPU out (docs/gpu.md)."""
+
+    xid: Action = DRAIN_NODE
+    fatal_xids: list[Annotated[int, Field(gt=0, le=100_000)]] = sorted(FATAL_XIDS)
+    ecc_dbe: Action = DRAIN_NODE
+    remap_failure: Action = DRAIN_NODE
+    off_bus: Action = DRAIN_NODE
+    temp: Action = DRAIN_NODE
+    temp_c: float = Field(90.0, ge=1, le=1000)
+    temp_period_s: Seconds = 60.0
+    history_samples: int = Field(300, ge=2, le=1_000_000)
+
+
+class NodesSettings(_Table):
+    """[nodes]: how the agent runs on every node."""
+
+    agent_dir: Annotated[str, AfterValidator(_agent_dir)] = ""  # "": the node-local default
+    min_uid: int = Field(1000, ge=1, le=2**31 - 1)  # jobs never run as an account below this
+
+
+class Settings(_Table):
+    """The whole of trainyard.toml."""
+
+    daemon: DaemonSettings = DaemonSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    queues: dict[Name, QueueSettings] = {}
+    teams: dict[Name, TeamSettings] = {}
+    health: HealthSettings = HealthSettings()
+    users: dict[UserName, UnixAccount] = {}  # trainyard user -> Unix account on the nodes
+    nodes: NodesSettings = NodesSettings()
+
+    @model_validator(mode="after")
+    def _references(self) -> Settings:
+        problems = []
+        partitions = {name: f"queues.{name}" for name in self.queues}
+        for name, q in self.queues.items():
+            for i, victim in enumerate(q.preempts):
+                where = f"queues.{name}.preempts[{i}]"
+                if victim == name:
+                    problems.append(f"{where}: a queue cannot preempt itself ({victim!r})")
+                elif victim not in self.queues:
+                    problems.append(f"{where}: unknown queue {victim!r}; configured queues: "
+                                    f"{', '.join(sorted(self.queues))}")
+            for i, alias in enumerate(q.aliases):
+                if alias in partitions:
+                    problems.append(f"queues.{name}.aliases[{i}]: {alias!r} already names "
+                                    f"{partitions[alias]}")
+                partitions[alias] = f"queues.{name}"
+        team_of: dict[str, str] = {}
+        for name, t in self.teams.items():
+            for i, user in enumerate(t.users):
+                if user in team_of:
+                    problems.append(f"teams.{name}.users[{i}]: user {user!r} is already in team "
+                                    f"{team_of[user]!r}")
+                team_of[user] = name
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    # -------------------------------------------------------------------------- reading
+    @classmethod
+    def from_toml(cls, document: Mapping[str, Any], source: str = "") -> Settings:
+        """Validate a parsed trainyard.toml; SettingsError names every bad key and its value."""
+        try:
+            return cls.model_validate(document)
+        except ValidationError as e:
+            raise SettingsError(describe(e), source) from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Settings:
+        return cls.from_toml(read_toml(path), str(Path(path).expanduser()))
+
+    # -------------------------------------------------------------------------- the edge
+    def to_policy(self) -> PolicyConfig:
+        """The planner's frozen PolicyConfig: the named preset, refined by the keys set here."""
+        s = self.scheduler
+        base = _preset(s.policy)
+        kw: dict[str, Any] = {k: v for k, v in (
+            ("order", s.order), ("backfill", s.backfill), ("queueing", s.queueing),
+            ("preemption", s.preemption), ("max_preemptors_per_pass", s.max_preemptors_per_pass),
+            ("grace_period_s", s.grace_period), ("default_time_limit_s", s.default_time),
+            ("fairshare_half_life_s", s.fairshare_half_life),
+        ) if v is not None}
+        if s.las_thresholds_gpu_hours is not None:
+            kw["las_thresholds_gpu_s"] = tuple(h * 3600.0 for h in s.las_thresholds_gpu_hours)
+        if s.topology_keys is not None:
+            kw["topology_keys"] = tuple(s.topology_keys)
+        if s.priority_weights is not None:
+            w = s.priority_weights
+            kw["weights"] = replace(base.weights, **{k: v for k, v in (
+                ("age", w.age), ("fairshare", w.fairshare), ("job_size", w.job_size),
+                ("queue", w.queue), ("max_age_s", w.max_age), ("favor_small", w.favor_small),
+            ) if v is not None})
+        queues = {name: QueuePolicy(
+            name=name, priority=q.priority, open=q.state == "open",
+            default_time_limit_s=q.default_time, max_time_limit_s=q.max_time,
+            preempts=tuple(q.preempts), grace_period_s=q.grace_period,
+            node_selector=MappingProxyType(dict(q.nodes)),
+        ) for name, q in self.queues.items()}
+        teams = {name: TeamQuota(
+            name, t.nominal_gpus, t.borrowing_limit_gpus, t.lending_limit_gpus, t.cohort,
+            float(t.fairshare), tuple(t.users),
+        ) for name, t in self.teams.items()}
+        return replace(base, **kw, queues=MappingProxyType(queues), teams=MappingProxyType(teams))
+
+    def to_health(self) -> HealthRules:
+        """The health rules that scheduler.health.evaluate applies."""
+        h = self.health
+        return HealthRules(
+            xid=h.xid, fatal_xids=frozenset(h.fatal_xids), ecc_dbe=h.ecc_dbe,
+            remap_failure=h.remap_failure, off_bus=h.off_bus, temp=h.temp, temp_c=h.temp_c,
+            temp_period_s=h.temp_period_s, history_samples=h.history_samples,
+        )
+
+    def queue_aliases(self) -> dict[str, str]:
+        """Partition name -> queue, for every alias and every queue's own name."""
+        out = {name: name for name in self.queues}
+        out.update({alias: name for name, q in self.queues.items() for alias in q.aliases})
+        return out
+
+
+def _preset(name: str) -> PolicyConfig:
+    if name in PRESETS:
+        return PolicyConfig.preset(name)
+    # qssf (quasi-shortest-service-first) until the planner has its own preset: the closest
+    # existing order is least-attained-service, which also favours short jobs.
+    assert name == "qssf", name
+    return replace(PolicyConfig.preset("las"), name="qssf")
+
+
+# ------------------------------------------------------------------------------ messages
+_EXPECTED = {
+    "bool_type": "expected true or false",
+    "int_type": "expected a whole number",
+    "float_type": "expected a number",
+    "finite_number": "expected a finite number",
+    "string_type": "expected a string",
+    "list_type": "expected a list",
+    "dict_type": "expected a table",
+    "model_type": "expected a table",
+    "model_attributes_type": "expected a table",
+}
+
+
+def describe(error: ValidationError) -> list[str]:
+    """One line per problem: the key's path in trainyard.toml, what is wrong, and the value."""
+    lines = []
+    for e in error.errors(include_url=False):
+        loc = [p for p in e["loc"] if p != "[key]"]
+        path = _path(loc) or "trainyard.toml"
+        kind, value, ctx = e["type"], e.get("input"), e.get("ctx") or {}
+        if kind == "value_error":
+            text = str(ctx.get("error", e["msg"]))
+            # checks across tables name their keys themselves, one problem per line
+            lines += [f"{path}: {text}"] if loc else text.splitlines()
+            continue
+        if kind == "extra_forbidden":
+            what = "setting" if len(loc) > 1 else "table"
+            known = _known_keys(loc[:-1])
+            hint = f"; known {what}s: {', '.join(known)}" if known else ""
+            lines.append(f"{path}: unknown {what} (value {_short(value)}){hint}")
+            continue
+        if kind == "literal_error":
+            text = f"expected one of {ctx.get('expected')}"
+        elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+            op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
+                  "less_than_equal": "<="}[kind]
+            bound = next(iter(ctx.values()))
+            text = f"must be {op} {bound:g}" if isinstance(bound, float) else f"must be {op} {bound}"
+        else:
+            text = _EXPECTED.get(kind, e["msg"])
+        lines.append(f"{path}: {text}, got {_short(value)}")
+    return lines
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _path(loc: list) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif out:
+            out += f".{part}"
+        else:
+            out = str(part)
+    return out
+
+
+def _known_keys(loc: list) -> list[str]:
+    """The keys the table at `loc` accepts, found by walking the models' annotations."""
+    t: Any = Settings
+    for part in loc:
+        t = _model_or_container(t)
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            field = t.model_fields.get(str(part))
+            if field is None:
+                return []
+            t = field.annotation
+        else:
+            args = get_args(t)
+            t = args[-1] if args else None
+    t = _model_or_container(t)
+    return sorted(t.model_fields) if isinstance(t, type) and issubclass(t, BaseModel) else []
+
+
+def _model_or_container(t: Any) -> Any:
+    while True:
+        origin = get_origin(t)
+        if origin is Annotated:
+            t = get_args(t)[0]
+        elif origin is Union or type(t).__name__ == "UnionType":
+            t = next(a for a in get_args(t) if a is not type(None))
+        else:
+            return t
+
+
+# ------------------------------------------------------------------------------ the daemon's view
+class DaemonConfig(DaemonSettings):
+    """What `trainyard daemon` runs with: the [daemon] keys as attributes, the other tables
+    converted for the parts that use them (`policy_config`, `health_rules`, `users`, `nodes`).
+
+    `--listen` and `--db` on the command line replace the file's values by assignment, which
+    is validated like the file.
+    """
+
+    model_config = ConfigDict(frozen=False, validate_assignment=True)
+
+    settings: Settings = Settings()
+    # the raw tables as written, for code that still parses them itself
+    document: dict[str, Any] = {}
+
+    @classmethod
+    def load(cls, path: str | Path | None) -> DaemonConfig:
+        if path is None:
+            return cls()
+        document = read_toml(path)
+        settings = Settings.from_toml(document, str(Path(path).expanduser()))
+        return cls(**settings.daemon.model_dump(), settings=settings, document=document)
+
+    @cached_property
+    def policy_config(self) -> PolicyConfig:
+        return self.settings.to_policy()
+
+    @cached_property
+    def health_rules(self) -> HealthRules:
+        return self.settings.to_health()
+
+    @property
+    def users(self) -> dict[str, str]:
+        """trainyard user -> Unix account the user's jobs run as."""
+        return dict(self.settings.users)
+
+    @property
+    def nodes(self) -> NodesSettings:
+        return self.settings.nodes
+
+    @property
+    def queue_aliases(self) -> dict[str, str]:
+        return self.settings.queue_aliases()
+
+    @property
+    def policy(self) -> dict[str, Any]:
+        """The raw [scheduler], [queues.*] and [teams.*] tables (use `policy_config`)."""
+        doc = {k: v for k, v in self.document.items() if k in ("scheduler", "queues", "teams")}
+        if "queues" in doc:  # aliases are resolved by the API, not the planner
+            doc["queues"] = {name: {k: v for k, v in q.items() if k != "aliases"}
+                             for name, q in doc["queues"].items()}
+        return doc
+
+    @property
+    def health(self) -> dict[str, Any]:
+        """The raw [health] table (use `health_rules`)."""
+        return dict(self.document.get("health", {}))
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file as a dict; SettingsError says in one line why it cannot be read."""
+    p = Path(path).expanduser()
+    try:
+        return tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise SettingsError([f"config file {str(p)!r} does not exist"]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SettingsError([f"cannot read config file {str(p)!r}: {e}"]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise SettingsError([f"config file {str(p)!r} is not valid TOML: {e}"]) from None

@@ -1,0 +1,1 @@
+"""Slurm drop-in: sbatch options, hostlists, output patterns, SLURM_* variables and commands."""

@@ -1,0 +1,83 @@
+"""Getting the agent onto a node: node-local state, no SFTP, and a reason for every failure."""
+
+import json
+import os
+import stat
+
+from scheduler.nodes import agent_bundle
+
+
+def test_two_nodes_sharing_a_home_keep_separate_state(node_factory, link_factory, shared_home):
+    n1, n2 = node_factory("n1"), node_factory("n2")
+    l1, l2 = link_factory(n1), link_factory(n2)
+    assert l1.wait_up()["root"] == l2.wait_up()["root"] == "/var/lib/trainyard"  # node-local
+    for link in (l1, l2):
+        link.send(op="launch", key="1.0", job_id=1, user="alice", argv=["sh", "-c", "exit 0"])
+    l1.send(op="launch", key="2.0", job_id=2, user="alice", argv=["sh", "-c", "exit 5"])
+    assert l1.wait_for("exited", "2.0")["rc"] == 5
+    l2.send(op="sync", id=1)
+    assert [j["key"] for j in l2.wait_for("jobs")["jobs"]] == ["1.0"]  # n1's 2.0 is not here
+    assert not any(shared_home.iterdir()), "nothing of the agents' state belongs in the home"
+    ident = json.loads(n2.run("cat /var/lib/trainyard/node-identity").stdout)
+    assert ident["node"] == n2.name
+
+
+def test_an_agent_dir_shared_with_another_node_is_refused_with_the_reason(node_factory, link_factory):
+    n1, n2 = node_factory("n1"), node_factory("n2")
+    link_factory(n1, agent_dir="/root/trainyard-state").wait_up()
+    reason = link_factory(n2, agent_dir="/root/trainyard-state").wait_down_reason()
+    assert f"holds the state of node '{n1.name}'" in reason and "shared with another node" in reason
+
+
+def test_a_node_without_sftp_gets_the_agent_over_an_exec_channel(node_factory, link_factory):
+    node = node_factory(sftp=False)
+    hello = link_factory(node).wait_up()
+    assert hello["protocol"] == 2
+    _, digest = agent_bundle()
+    mode = node.run(f"stat -c %a /var/lib/trainyard/agent-{digest}.pyz").stdout.strip()
+    assert mode == "600"
+
+
+def test_a_node_without_python3_says_so(node_factory, link_factory, base):
+    empty = base / "empty-bin"
+    empty.mkdir()
+    for tool in ("sh", "cat", "mv"):
+        os.symlink(f"/bin/{tool}", empty / tool)
+    node = node_factory(path=str(empty))
+    assert "python3 is not installed on the node" in link_factory(node).wait_down_reason()
+
+
+def _fake_python(base, name: str, body: str) -> str:
+    d = base / name
+    d.mkdir()
+    py = d / "python3"
+    py.write_text("#!/bin/sh\n" + body)
+    py.chmod(py.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return f"{d}:/usr/bin:/bin"
+
+
+def test_a_node_with_an_old_python3_says_so(node_factory, link_factory, base):
+    path = _fake_python(base, "old", 'case "$1" in -V) echo "Python 3.6.9";; *) exit 1;; esac\n')
+    reason = link_factory(node_factory(path=path)).wait_down_reason()
+    assert "python3 on the node is Python 3.6.9; the agent needs Python 3.8 or newer" in reason
+
+
+def test_an_agent_that_crashes_shows_the_tail_of_its_stderr(node_factory, link_factory, base):
+    path = _fake_python(base, "crashy", textwrap_crash())
+    reason = link_factory(node_factory(path=path)).wait_down_reason()
+    assert reason.startswith("the agent exited with status 1 before it said hello: ")
+    assert "ImportError: libcuda went away" in reason and "\n" not in reason
+
+
+def textwrap_crash() -> str:
+    return ('case "$1" in *.pyz) echo "Traceback (most recent call last):" >&2; '
+            'echo "ImportError: libcuda went away" >&2; exit 1;; esac\nexec /usr/bin/python3 "$@"\n')
+
+
+def test_an_agent_of_another_protocol_version_is_replaced(node_factory, link_factory):
+    node = node_factory()
+    _, digest = agent_bundle()
+    old = '#!/usr/bin/env python3\nprint(\'{"ev": "hello", "protocol": 1}\', flush=True)\n'
+    node.run(f"mkdir -p /var/lib/trainyard && cat > /var/lib/trainyard/agent-{digest}.pyz <<'EOF'\n{old}EOF")
+    link = link_factory(node)
+    assert link.wait_up()["protocol"] == 2

@@ -1,0 +1,59 @@
+"""Slurm's commands against a real trainyard daemon: sbatch --hold, squeue, scancel, sacct."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from scheduler.slurm.commands import format_squeue
+
+SCRIPT = """#!/bin/bash
+#SBATCH --job-name=ddp-train
+#SBATCH --nodes=1 --ntasks-per-node=2 --cpus-per-task=2
+#SBATCH --time=10
+#SBATCH --qos=high
+echo hello
+"""
+
+
+def slurm(daemon, *args: str) -> subprocess.CompletedProcess:
+    env = {**daemon.env, "TRAINYARD_URL": daemon.url, "TRAINYARD_TOKEN": daemon.token}
+    return subprocess.run([sys.executable, "-m", "scheduler.slurm.commands_main", *args], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=daemon.base)
+
+
+def test_sbatch_hold_then_squeue_scancel_and_sacct(daemon):
+    script = daemon.base / "train.sh"
+    script.write_text(SCRIPT)
+    r = slurm(daemon, "sbatch", "--hold", "--parsable", str(script))
+    assert r.returncode == 0, r.stderr
+    job_id = int(r.stdout.strip())
+    assert "recorded but not acted on by trainyard: --qos" in r.stderr
+
+    r = slurm(daemon, "squeue")
+    header, row = r.stdout.splitlines()
+    assert header.split() == ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES", "NODELIST(REASON)"]
+    fields = row.split()
+    assert fields[0] == str(job_id) and fields[2] == "ddp-trai" and fields[4] == "PD"
+    assert fields[-1].startswith("(JobHeld")
+
+    r = slurm(daemon, "squeue", "--noheader", "-t", "R")
+    assert r.stdout == ""
+
+    assert slurm(daemon, "scancel", str(job_id)).returncode == 0
+    r = slurm(daemon, "sacct", "-j", str(job_id), "--parsable2", "--format", "JobID,JobName,State")
+    assert r.stdout.splitlines() == ["JobID|JobName|State", f"{job_id}|ddp-train|CANCELLED"]
+
+
+def test_sbatch_refuses_a_directive_slurm_rejects(daemon):
+    script = daemon.base / "bad.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=NUM_NODES\nsrun hostname\n")
+    r = slurm(daemon, "sbatch", str(script))
+    assert r.returncode == 2
+    assert "script line 2: #SBATCH --nodes=NUM_NODES" in r.stderr
+
+
+def test_squeue_format_widths_and_justification():
+    job = {"id": 7, "queue": "gpu", "name": "a-very-long-name", "user": "alice", "state": "RUNNING",
+           "start_time": 100.0, "end_time": None, "nodes": 2, "allocation": [{"node": "n01"}, {"node": "n02"}]}
+    assert format_squeue([job], "%.5i|%-4j|%t|%R|%M", False, now=165.0) == ["    7|a-ve|R|n[01-02]|0:01:05"]
