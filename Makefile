@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-gpu bench lint clean
+.PHONY: demo test test-gpu bench fuzz lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test-gpu: $(STAMP)
 ## bench: the benchmarks in tests/bench; each prints its figures
 bench: $(STAMP)
 	@set -e; for f in tests/bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
+
+## fuzz: Schemathesis against a real daemon, all checks, as admin and as user (>= 20,000 cases)
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzz.api_fuzz --cases 20000
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

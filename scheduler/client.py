@@ -219,14 +219,19 @@ class Client:
     def revoke_token(self, token_id: int) -> dict:
         return self._call("DELETE", f"/v1/tokens/{token_id}")
 
-    def events(self, since: int = 0, limit: int = 200) -> list[dict]:
-        return self._call("GET", "/v1/events", params={"since": since, "limit": limit})
+    def events(self, since: int | None = None, limit: int = 200) -> list[dict]:
+        """Events after `since` (0: from the start of the trail), or the newest `limit` when None."""
+        params: dict[str, Any] = {"limit": limit}
+        if since is not None:
+            params["since"] = since
+        return self._call("GET", "/v1/events", params=params)
 
-    def stream_events(self, since: int = 0) -> Iterator[dict]:
+    def stream_events(self, since: int | None = None) -> Iterator[dict]:
         """Server-sent events from /v1/events, as dicts; blocks; ends when the daemon goes."""
         headers = {"Accept": "text/event-stream"}
         try:
-            with self._http.stream("GET", "/v1/events", params={"since": since}, headers=headers,
+            params = {} if since is None else {"since": since}
+            with self._http.stream("GET", "/v1/events", params=params, headers=headers,
                                    timeout=httpx.Timeout(10.0, read=60.0)) as r:
                 if r.status_code >= 400:
                     r.read()

@@ -26,6 +26,10 @@ GPU_FIELDS = (
     "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "ecc_dbe",
     "remap_correctable", "remap_uncorrectable", "remap_pending", "remap_failure",
     "xid", "xid_events", "off_bus", "mig_mode", "mig_instances", "processes", "job_id",
+    # the rest of dcgm-exporter's default counters that NVML can give (docs/metrics.md)
+    "mem_clock_mhz", "mem_temp_c", "energy_mj", "pcie_replay", "util_enc", "util_dec",
+    "mem_reserved_mb", "power_mgmt_limit_w",
+    "prof_gr_engine_active", "prof_pipe_tensor_active", "prof_dram_active",
 )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import time
 
 if __package__:
     from .gpus import blank
@@ -56,10 +57,23 @@ class SimulatedGpus:
             ecc_sbe_volatile=0, ecc_dbe_volatile=dbe, ecc_sbe_aggregate=0, ecc_dbe_aggregate=dbe,
             ecc_dbe=dbe, remap_correctable=0, remap_uncorrectable=dbe, remap_pending=bool(dbe),
             remap_failure=False, mig_mode=False, mig_instances=[],
+            mem_clock_mhz=2619, mem_temp_c=50 + util // 4, pcie_replay=0, util_enc=0, util_dec=0,
+            mem_reserved_mb=512, power_mgmt_limit_w=700, energy_mj=self._energy(i, 90 + util * 6),
+            # a simulated Hopper: GPM's profiling ratios (0..1)
+            prof_gr_engine_active=util / 100, prof_pipe_tensor_active=round(util * 0.6) / 100,
+            prof_dram_active=util / 200,
             processes=[{"pid": pid, "used_mb": used, "job_id": j}
                        for pid, j in job_pids.items() if job is not None and j == job],
         )
         return g
+
+    def _energy(self, i: int, power_w: float) -> int:
+        """Energy since boot in mJ: the power integrated over the time between samples."""
+        now = time.monotonic()
+        last, total = getattr(self, "_energy_at", {}).get(i, (now, 0.0))
+        total += power_w * (now - last) * 1000
+        self.__dict__.setdefault("_energy_at", {})[i] = (now, total)
+        return int(total)
 
     def fault(self, gpu: int, kind: str, value=None, host: str = "") -> None:
         """Inject (or clear) a fault on a simulated GPU; ValueError says why not."""

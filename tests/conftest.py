@@ -160,7 +160,8 @@ class SshdNode:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if cmd[0].startswith(b"sshd") or any(b"agent-" in part for part in cmd[:3]):
+            is_step = b"wrap" in cmd[2:3]  # the job's own step process (agent-<digest>.pyz wrap ...)
+            if cmd[0].startswith(b"sshd") or (any(b"agent-" in part for part in cmd[:2]) and not is_step):
                 victims.append(pid)
         self.proc.kill()
         self.proc.wait()

@@ -91,11 +91,12 @@ class HttpBackend:
         return self._call("teams")
 
     def events(self, since: int = 0, limit: int = 200) -> list[dict]:
-        return self._call("events", since=since, limit=limit)
+        # the TUI's 0 means "nothing seen yet": start from the newest, not the start of the trail
+        return self._call("events", since=since or None, limit=limit)
 
     def stream_events(self, since: int = 0) -> Iterator[dict]:
         try:
-            yield from self.client.stream_events(since=since)
+            yield from self.client.stream_events(since=since or None)
         except self._mod.ApiError as exc:
             raise BackendError(str(getattr(exc, "detail", exc)), getattr(exc, "status", 400)) from exc
         except self._mod.Unreachable as exc:

@@ -120,7 +120,7 @@ class JobService:
                     raise NotFound(f"after: job {dep} does not exist", "after")
             name = req.name or (os.path.basename(req.command[0]) if req.command else "script")
             tasks, limit_tasks = parse_array(req.array) if req.array else ((None,), None)
-            hold = m.HOLD_USER if not caller.at_least("operator") else m.HOLD_ADMIN
+            hold = m.HOLD_USER  # sbatch --hold is the submitter's own hold, as in Slurm
             # Core inserts: submission is the API's hot path, and ORM objects cost more than rows
             values = dict(
                 name=name, user=caller.user, queue=queue.name, state=m.PENDING,

@@ -112,7 +112,7 @@ class _Pass:
         self.never: dict[tuple, bool] = {}
         self.plain_keys: dict[str, tuple] = {}  # queue -> eligibility of unconstrained jobs
         self.remaining: dict[int, float] = {}  # running job -> service left (SRSF)
-        self._most_left: float | None = None
+        self.net: dict[int, float] = {}  # running job -> service left net of its grace period
         self.srsf_failed: dict[tuple, float] = {}  # gang shape -> least need that found no victims
 
     def queue_rules(self, name: str) -> QueueRules:
@@ -357,11 +357,23 @@ class _Pass:
             x = self.remaining[v.id] = remaining_service(v, self.now, self.policy)
         return x
 
-    def most_left(self) -> float:
-        if self._most_left is None:
-            self._most_left = max((self.left(v) for v in self.s.running
-                                   if v.preemptible and v.preempted_at is None), default=0.0)
-        return self._most_left
+    def net_left(self, v: JobView) -> float:
+        """Service left less the GPU-time its grace period would cost if it were evicted."""
+        x = self.net.get(v.id)
+        if x is None:
+            x = self.net[v.id] = self.left(v) - self.policy.grace_for(v) * job_gpus(v)
+        return x
+
+    def all_net_left(self) -> None:
+        """net_left of every running job, in one sweep (a pass with a preemptor needs them)."""
+        now, policy, net, remaining = self.now, self.policy, self.net, self.remaining
+        grace: dict[str, float] = {}
+        for v in self.s.running:
+            g = grace.get(v.queue)
+            if g is None:
+                g = grace[v.queue] = policy.grace_for(v)
+            left = remaining[v.id] = remaining_service(v, now, policy)
+            net[v.id] = left - g * v.gpus * v.nodes
 
     def decided(self) -> set[int]:
         d = self.d
@@ -390,21 +402,21 @@ class _Pass:
         need = remaining_service(job, now, policy) if srsf else 0.0
         ratio = policy.srsf_preempt_ratio
         shape = (id(pool), job.gpus, job.nodes, job.exclusive)
-        # SRSF alone: no running job has enough left to be worth evicting, or a job of this
-        # shape that needed less already found no victims (victims only get fewer in a pass)
-        if srsf and not (tiers or reclaiming) and (
-                ratio * need >= self.most_left() or need >= self.srsf_failed.get(shape, INF)):
+        # SRSF alone: a job of this shape that needed less already found no victims (victims
+        # only get fewer within a pass)
+        if srsf and not (tiers or reclaiming) and need >= self.srsf_failed.get(shape, INF):
             return False
         self.preemptors += 1
         thresholds = policy.las_thresholds_gpu_s
         level = las_level(job.attained_gpu_s, thresholds) if las else 0
         levels = self.levels
-        left = self.left
+
+        net_left = self.net_left
 
         def pays(v: JobView) -> bool:
             # SRSF: evict only a job with (ratio x) more service left, net of the GPU-time
             # its grace period costs
-            return left(v) > ratio * need + policy.grace_for(v) * job_gpus(v)
+            return net_left(v) > ratio * need
 
         def level_of(v: JobView) -> int:
             lv = levels.get(v.id)
@@ -435,8 +447,10 @@ class _Pass:
             rank = None
             if las:
                 rank = lambda v: -level_of(v)  # noqa: E731
-            elif srsf:
-                rank = lambda v: -self.left(v)  # noqa: E731
+            elif srsf:  # most service left, net of the grace period's cost, first
+                self.all_net_left()
+                net = self.net
+                rank = lambda v: -net[v.id]  # noqa: E731
             self.victims = VictimIndex(
                 [v for v in self.s.running if v.preemptible and v.preempted_at is None], now, rank)
         if self.soon is None:
@@ -451,6 +465,8 @@ class _Pass:
             job, pool, self.state, self.victims, soon, may_preempt,
             reclaim=reclaim, reclaim_value=lambda v: job_gpus(v) if borrower(v) else 0,
             reclaim_pool=reclaim_pool,
+            # victims are in order of service left: past the first that does not pay, none does
+            stop=(lambda v: not pays(v)) if srsf and not (tiers or reclaiming) else None,
         )
         if victims is None:
             if srsf:

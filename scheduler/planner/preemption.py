@@ -46,6 +46,7 @@ def choose_victims(
     reclaim: int = 0,
     reclaim_value: Callable[[JobView], int] | None = None,
     reclaim_pool: Sequence[JobView] = (),
+    stop: Callable[[JobView], bool] | None = None,
 ) -> list[JobView] | None:
     """The cheapest set of running jobs to preempt so the gang fits, or None if none will do.
 
@@ -53,7 +54,8 @@ def choose_victims(
     Per node, victims are taken lowest rank first (e.g. most attained service under LAS),
     then least wasted GPU-time, until the node has room; then the k cheapest nodes are chosen.
     With `reclaim` > 0, more victims from `reclaim_pool` are added (cheapest first) until that
-    many borrowed GPUs come back.
+    many borrowed GPUs come back. `stop(v)` true means neither v nor any job after it on
+    its node (in eviction order) may be evicted: the scan of that node ends there.
     """
     options: list[tuple[int, float, int, str, list[JobView]]] = []
     wastes, ranks_of = index.waste, index.rank
@@ -71,6 +73,8 @@ def choose_victims(
         cost = 0.0
         ranks = 0
         for v, n in index.on.get(name, ()):
+            if stop is not None and stop(v):
+                break
             if not may_preempt(v):
                 continue
             chosen.append(v)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tui.app import TrainyardApp  # noqa: E402
 from tests.tui.fake_backend import FakeBackend  # noqa: E402
+from tui.app import TrainyardApp  # noqa: E402
 
 PAINT: list[float] = []  # seconds spent painting (the compositor's update), per frame
 

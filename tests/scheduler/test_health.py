@@ -51,7 +51,9 @@ def test_gpu_off_the_bus_is_never_allocated(demo_cluster):
 def test_per_gpu_listing_and_dcgm_metrics(demo_cluster):
     out = demo_cluster.cli("nodes", "--gpus", check=True).stdout
     assert "node-1" in out and len(out.strip().splitlines()) >= 1 + 2 * 4
-    text = httpx.get(f"{demo_cluster.url}/metrics").text
+    # each node's GPUs are a scrape target of their own (instance = the node), as dcgm-exporter's
+    assert "DCGM_FI_DEV_GPU_UTIL" not in httpx.get(f"{demo_cluster.url}/metrics").text
+    text = httpx.get(f"{demo_cluster.url}/metrics/nodes/node-1").text
     for name in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE"):
         assert f'{name}{{' in text
     nodes = json.loads(demo_cluster.cli("nodes", "--json", check=True).stdout)
