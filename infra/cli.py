@@ -12,7 +12,9 @@ from typing import Any, NoReturn
 import click
 
 # Exit codes shared by the whole trainyard CLI (DESIGN.md): 1 refused/failed, 2 usage, 3 daemon unreachable.
-EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+from scheduler.exitcodes import REFUSED as EXIT_FAILED
+from scheduler.exitcodes import UNREACHABLE as EXIT_UNREACHABLE
+from scheduler.exitcodes import USAGE as EXIT_USAGE
 
 NEXT_STEPS = """next steps:
   trainyard infra outputs --inventory inventory.json

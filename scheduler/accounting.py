@@ -155,6 +155,16 @@ class UtilIndex:
             self.idle[key] = spans
             self.times[key] = [a for a, _ in spans]
 
+    @classmethod
+    def from_spans(cls, spans: Mapping[tuple[str, int], list[tuple[float, float]]]) -> UtilIndex:
+        """An index over idle spans already worked out (the daemon keeps them, not samples)."""
+        index = cls(())
+        for key, found in spans.items():
+            ordered = sorted(found)
+            index.idle[key] = ordered
+            index.times[key] = [a for a, _ in ordered]
+        return index
+
     def idle_seconds(self, node: str, gpu: int, a: float, b: float) -> float:
         spans = self.idle.get((node, gpu))
         if not spans or b <= a:
@@ -223,6 +233,36 @@ def totals(rows: Iterable[Usage]) -> Usage:
 
 
 # ---------------------------------------------------------------- sacct
+
+_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
+
+
+def slurm_when(text: str, now: float) -> float:
+    """A time as sacct's -S/-E take it: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], `now`, or
+    `now-N[seconds|minutes|hours|days|weeks]` (N alone is seconds); ValueError says how."""
+    from datetime import datetime  # noqa: PLC0415
+
+    t = text.strip()
+    if t.lower().startswith("now"):
+        rest = t[3:].strip()
+        if not rest:
+            return now
+        sign, body = rest[0], rest[1:].strip().lower()
+        number = body.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = body[len(number):].rstrip("s") or "second"
+        if sign in "+-" and number.isdigit() and unit in _UNITS:
+            return now + (1 if sign == "+" else -1) * int(number) * _UNITS[unit]
+    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%m/%d/%y", "%m/%d"):
+        try:
+            when = datetime.strptime(t, fmt)
+        except ValueError:
+            continue
+        if fmt == "%m/%d":
+            when = when.replace(year=datetime.fromtimestamp(now).year)
+        return when.timestamp()
+    raise ValueError(f"{text!r} is not a time; use YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY] or "
+                     "now-N[minutes|hours|days|weeks]")
+
 
 def slurm_time(t: float | None) -> str:
     return "Unknown" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))

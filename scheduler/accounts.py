@@ -37,6 +37,7 @@ class Account:
 def lookup(name, min_uid: int = DEFAULT_MIN_UID) -> Account:
     """The account `name` with its groups; AccountError for none, root or a system account."""
     host = socket.gethostname()
+    min_uid = max(min_uid, sudo_floor())
     if not isinstance(name, str) or not name:
         raise AccountError("the launch names no user: an agent running as root starts jobs only "
                            "as their owners")
@@ -54,6 +55,23 @@ def lookup(name, min_uid: int = DEFAULT_MIN_UID) -> Account:
     groups = sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid)))
     return Account(pw.pw_name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir or "/",
                    pw.pw_shell or "/bin/sh")
+
+
+def sudo_floor(login_defs: str = "/etc/login.defs") -> int:
+    """The lowest uid a job may have when the agent was started by sudo (the sudo privilege
+    mode): the node's own UID_MIN, so that the login user, which chooses the agent's options,
+    cannot lower --min-uid to reach system accounts. 0 when not started by sudo."""
+    if "SUDO_UID" not in os.environ or os.geteuid() != 0:
+        return 0
+    try:
+        with open(login_defs) as f:
+            for line in f:
+                words = line.split()
+                if len(words) == 2 and words[0] == "UID_MIN" and words[1].isdigit():
+                    return int(words[1])
+    except OSError:
+        pass
+    return DEFAULT_MIN_UID
 
 
 def become(account: Account) -> None:

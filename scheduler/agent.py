@@ -5,7 +5,8 @@ jobstep; standard library only, pynvml when the node has it) and runs it over on
 channel; the messages are protocol.py's. Every job runs under its own job step
 (jobstep.py) in a session of its own, so it survives the agent, the SSH link and the daemon;
 the step writes the job's exit status to `<dir>/jobs/<key>/rc`, and whoever asks later
-reads it from there.
+reads it from there. Each job's output (`<dir>/jobs/<key>/log`) is streamed to the daemon as
+it is written (`OutputStreams`), a bounded window ahead of the daemon's acknowledgements.
 
 When it runs as root (real nodes) each job runs as its owner's Unix account, inside a cgroup
 that limits its memory, CPUs and pids and the GPUs it may open (fencing.py). Not as root
@@ -15,6 +16,7 @@ says so. The demo's simulated GPUs are a plugin (simgpu.py) that only simulated 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -27,11 +29,12 @@ import threading
 import time
 
 if __package__:
-    from . import fencing, nodestate
+    from . import containers, fencing, nodestate
     from . import protocol as P
     from .accounts import DEFAULT_MIN_UID, AccountError, lookup
     from .gpus import GPU_FIELDS, Gpus, job_of_pid
 else:  # inside the agent's bundle on a node
+    import containers
     import fencing
     import nodestate
     import protocol as P
@@ -74,10 +77,124 @@ def _write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+class OutputStreams:
+    """Sends every job's output to the daemon as it is written, like a log shipper: at most
+    WINDOW bytes of a stream (and MAX_IN_FLIGHT of all streams) beyond the daemon's last
+    acknowledgement, resent from there when no acknowledgement comes for RESEND_S. The last
+    acknowledged offset is kept beside the log (`log.acked`), so an agent started after a
+    daemon restart goes on from there; the daemon skips what it already holds. A stream ends
+    when the daemon says `done` (`log.done`): the job ended and every byte is stored, or the
+    daemon wants no more of it."""
+
+    CHUNK = 65536
+    WINDOW = 4 * CHUNK
+    MAX_IN_FLIGHT = 32 * CHUNK
+    RESEND_S = 2.0
+    PERSIST_S = 1.0
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+        self.streams: dict[str, dict] = {}
+
+    def load(self) -> None:
+        """Streams the daemon has not finished with: jobs of earlier agents included."""
+        for key in sorted(os.listdir(self.agent.jobs_dir)):
+            d = os.path.join(self.agent.jobs_dir, key)
+            if os.path.isdir(d) and not os.path.exists(os.path.join(d, "log.done")):
+                self.add(key)
+
+    def add(self, key: str) -> None:
+        if key in self.streams:
+            return
+        acked = self.agent.read(self.agent.job_dir(key), "log.acked")
+        start = int(acked) if acked and acked.isdigit() else 0
+        self.streams[key] = {"acked": start, "sent": start, "saved": start, "eof": False,
+                             "since": time.monotonic(), "persisted": time.monotonic()}
+
+    def in_flight(self) -> int:
+        return sum(st["sent"] - st["acked"] for st in self.streams.values())
+
+    def on_ack(self, msg: P.OutputAck) -> None:
+        st = self.streams.get(msg.key)
+        if st is None:
+            return
+        d = self.agent.job_dir(msg.key)
+        if msg.done:
+            del self.streams[msg.key]
+            with contextlib.suppress(FileNotFoundError):  # the job's directory was removed
+                _write_atomic(os.path.join(d, "log.done"), str(msg.offset))
+            return
+        offset = int(msg.offset)
+        if offset < st["acked"] or offset > st["sent"]:
+            # the daemon holds less than was acknowledged (or more than was sent, from an
+            # earlier agent): go on from what it holds
+            st["sent"] = offset
+            st["eof"] = False
+        st["acked"] = offset
+        st["since"] = time.monotonic()
+        now = time.monotonic()
+        if now - st["persisted"] >= self.PERSIST_S and st["saved"] != offset:
+            _write_atomic(os.path.join(d, "log.acked"), str(offset))
+            st["saved"], st["persisted"] = offset, now
+
+    def ended(self, key: str, d: str) -> bool:
+        if self.agent.exists(d, "rc") or self.agent.exists(d, "failed"):
+            return True
+        if key in self.agent.watching:
+            return False
+        return self.agent.status(key)["state"] in ("exited", "lost", "unknown")
+
+    def pump(self) -> None:
+        """Send what was written since the last call, within the windows."""
+        budget = self.MAX_IN_FLIGHT - self.in_flight()
+        now = time.monotonic()
+        for key, st in list(self.streams.items()):
+            if st["sent"] > st["acked"] or st["eof"]:
+                if now - st["since"] < self.RESEND_S:
+                    if st["eof"]:
+                        continue
+                else:  # nothing acknowledged for a while: resend from the acknowledged offset
+                    budget += st["sent"] - st["acked"]
+                    st["sent"], st["eof"], st["since"] = st["acked"], False, now
+            d = self.agent.job_dir(key)
+            path = os.path.join(d, "log")
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                size = 0
+            room = min(self.WINDOW - (st["sent"] - st["acked"]), budget)
+            while room > 0 and st["sent"] < size:
+                with open(path, "rb") as f:
+                    f.seek(st["sent"])
+                    data = f.read(min(self.CHUNK, room, size - st["sent"]))
+                if not data:
+                    break
+                self.agent.send(P.Output(key, st["sent"],
+                                         base64.b64encode(data).decode("ascii"), False))
+                if st["sent"] == st["acked"]:
+                    st["since"] = now
+                st["sent"] += len(data)
+                room -= len(data)
+                budget -= len(data)
+            if st["sent"] >= size and not st["eof"] and self.ended(key, d):
+                # the end, once everything written has been sent (its size cannot grow now)
+                try:
+                    size = os.stat(path).st_size
+                except FileNotFoundError:
+                    size = 0
+                if st["sent"] >= size:
+                    self.agent.send(P.Output(key, st["sent"], "", True))
+                    st["eof"] = True
+                    st["since"] = now
+
+
 class Agent:
     def __init__(self, root: str, declared_gpus: int, declared_model: str, telemetry_s: float,
                  node: str = "", min_uid: int = DEFAULT_MIN_UID,
-                 pids_max: int = fencing.DEFAULT_PIDS_MAX, entry: str = ""):
+                 pids_max: int = fencing.DEFAULT_PIDS_MAX, entry: str = "",
+                 image_cache_gb: float = containers.DEFAULT_HIGH_WATER_GB,
+                 pull_timeout_s: float = containers.DEFAULT_PULL_TIMEOUT_S,
+                 container_runtime: str = ""):
         self.node = node or os.environ.get("TRAINYARD_SIM_NODE") or socket.gethostname()
         self.root = nodestate.resolve(root)
         self.out_lock = threading.Lock()
@@ -97,12 +214,18 @@ class Agent:
         self.jobs_dir = os.path.join(self.root, "jobs")
         # as root, job owners may pass through (not list) to their own job's directory
         self.dir_mode = 0o711 if self.as_owners else 0o700
+        self.containers = containers.detect(container_runtime)
+        self.images = containers.ImageCache(os.path.join(self.root, "images"),
+                                            int(image_cache_gb * 2**30))
+        self.pull_timeout_s = pull_timeout_s
+        self.output = OutputStreams(self)
 
     def claim_dir(self) -> None:
         """Take the node-local directory; StateDirError says why it cannot be used."""
         nodestate.claim(self.root, self.node, self.dir_mode)
         os.makedirs(self.jobs_dir, exist_ok=True)
         os.chmod(self.jobs_dir, self.dir_mode)
+        self.output.load()
 
     def send(self, msg) -> None:
         line = P.encode(msg) if not isinstance(msg, dict) else json.dumps(msg, separators=(",", ":")) + "\n"
@@ -128,9 +251,10 @@ class Agent:
             self.report(key)
             return
         os.chmod(d, self.dir_mode)
+        self.output.add(key)
         try:
             spec = self.prepare(d, msg)
-        except (AccountError, fencing.FencingError, OSError) as e:
+        except (AccountError, fencing.FencingError, containers.ContainerError, OSError) as e:
             reason = str(e) if not isinstance(e, OSError) else f"cannot prepare the job: {e}"
             _write_atomic(os.path.join(d, "failed"), reason)
             self.send(P.LaunchFailed(key, reason))
@@ -175,14 +299,72 @@ class Agent:
             env.update(HOME=account.home, USER=account.name, LOGNAME=account.name,
                        SHELL=account.shell)
         env.update(msg.env)
+        container = self.container_spec(msg) if msg.image else None
         cgroups = self.fencing.create(msg.key, msg.gpus, msg.cpus, msg.mem_mb) \
             if self.fencing.active else []
         spec = {"argv": argv, "env": env, "cwd": msg.workdir or work, "workdir": msg.workdir,
                 "account": account.to_dict() if account else None, "cgroups": cgroups,
                 "stdout": msg.stdout, "stderr": msg.stderr, "gpus": msg.gpus,
                 "umask": 0o077 if account else self.umask}
+        if container:
+            spec["container"] = container
         _write_atomic(os.path.join(d, "spec.json"), json.dumps(spec))
         return spec
+
+    def container_spec(self, msg: P.Launch) -> dict:
+        """How the job step runs this launch's image; ContainerError when it cannot here."""
+        runtime = self.containers.get("runtime")
+        if not runtime:
+            raise containers.ContainerError(
+                f"job {msg.key} needs a container ({msg.image}) but {self.node} cannot run one: "
+                f"{self.containers.get('reason')}")
+        workdir = msg.container_workdir or ""
+        if workdir and not workdir.startswith("/"):
+            raise containers.ContainerError(
+                f"container workdir {workdir!r} is not an absolute path inside the image")
+        return {"runtime": runtime, "image": str(containers.parse_image(msg.image)),
+                "mounts": containers.parse_mounts(msg.mounts), "workdir": workdir,
+                "cdi": bool(self.containers.get("cdi")), "cache_dir": self.images.dir,
+                "high_water_bytes": self.images.high_water, "pull_timeout_s": self.pull_timeout_s,
+                "node": self.node, "mem_mb": msg.mem_mb, "cpus": msg.cpus,
+                "pids_max": self.fencing.pids_max if self.fencing.active else None}
+
+    def on_pull(self, msg: P.Pull) -> None:
+        """Pull an image ahead of a job's ranks, in the background; `pulled` tells the end."""
+        threading.Thread(target=self._pull, args=(msg,), daemon=True).start()
+
+    def _pull(self, msg: P.Pull) -> None:
+        def progress(done, total):
+            self.send(P.PullProgress(msg.image, msg.key, done, total))
+
+        try:
+            runtime = self.containers.get("runtime")
+            if not runtime:
+                raise containers.ContainerError(
+                    f"{self.node} cannot pull {msg.image}: {self.containers.get('reason')}")
+            got = containers.ensure(runtime, containers.parse_image(msg.image), self.images,
+                                    msg.timeout_s or self.pull_timeout_s, msg.auth, progress,
+                                    self.node)
+        except Exception as e:  # every pull gets its answer, and never the credentials
+            error = str(e) if isinstance(e, containers.ContainerError) else \
+                f"cannot pull {msg.image} on {self.node}: {type(e).__name__}"
+            self.send(P.Pulled(msg.image, msg.id, msg.key, error=error))
+            return
+        self.send(P.Pulled(msg.image, msg.id, msg.key, got["digest"], got["id"],
+                           int(got["size"]), not got["pulled_now"]))
+
+    def on_images(self, msg: P.Images) -> None:
+        self.send(P.ImageList(msg.id, self.containers.get("runtime", ""), self.images.high_water,
+                              self.images.listing()))
+
+    def image_of(self, key: str) -> tuple:
+        """(image, digest) a container job runs, as its step recorded; (None, None) else."""
+        text = self.read(self.job_dir(key), "image.json")
+        try:
+            info = json.loads(text) if text else {}
+        except ValueError:
+            info = {}
+        return info.get("image"), info.get("digest")
 
     def exists(self, d: str, name: str) -> bool:
         return os.path.exists(os.path.join(d, name))
@@ -251,7 +433,7 @@ class Agent:
     def report(self, key: str) -> None:
         st = self.status(key)
         if st["state"] == "running":
-            self.send(P.Started(key, st["pid"]))
+            self.send(P.Started(key, st["pid"], *self.image_of(key)))
         elif st["state"] in ("exited", "lost"):
             self.send(P.Exited(key, st.get("rc"), st.get("end_time"), st["state"] == "lost",
                                bool(st.get("oom"))))
@@ -362,12 +544,14 @@ class Agent:
             pid=os.getpid(), user=_user_name(), cpus=cpus, mem_mb=mem_mb,
             gpu_source=self.gpus.source, gpu_model=self.gpus.model, gpus=self.gpus.describe(),
             gpu_note=self.gpus.note, root=self.root, jobs_as_owners=self.as_owners,
-            min_uid=self.min_uid, fencing=self.fencing.mode())
+            min_uid=self.min_uid, fencing=self.fencing.mode(), containers=self.containers)
 
     def handle(self, line: str) -> None:
         handlers = {"launch": self.on_launch, "signal": self.on_signal, "sync": self.on_sync,
                     "forget": self.on_forget, "log": self.on_log, "watch": self.on_watch,
-                    "fault": self.on_fault, "ping": lambda m: self.send(P.Pong(m.id))}
+                    "output_ack": self.output.on_ack, "fault": self.on_fault,
+                    "ping": lambda m: self.send(P.Pong(m.id)),
+                    "pull": self.on_pull, "images": self.on_images}
         rid = None
         try:
             obj = json.loads(line)
@@ -380,7 +564,7 @@ class Agent:
     def run(self) -> None:
         self.send(self.hello())
         threading.Thread(target=self.read_stdin, daemon=True).start()
-        next_tel = next_lost_check = time.monotonic()
+        next_tel = next_lost_check = next_output = time.monotonic()
         while True:
             try:
                 starting = any(not i.get("announced", True) for i in self.watching.values())
@@ -409,6 +593,12 @@ class Agent:
             for key, w in list(self.wrappers.items()):
                 if w.poll() is not None and key not in self.watching:
                     del self.wrappers[key]
+            if time.monotonic() >= next_output:
+                next_output = time.monotonic() + 0.1
+                try:
+                    self.output.pump()
+                except OSError as e:  # output that cannot be read never stops the jobs' agent
+                    self.send(P.Error(f"output: {e}"))
             if self.telemetry_s > 0 and time.monotonic() >= next_tel:
                 next_tel = time.monotonic() + self.telemetry_s
                 self.send_telemetry()
@@ -462,10 +652,20 @@ def main(argv: list) -> int:
                    help="jobs never run as an account below this uid (system accounts)")
     p.add_argument("--pids-max", type=int, default=fencing.DEFAULT_PIDS_MAX,
                    help="most processes one job may have")
+    p.add_argument("--image-cache-gb", type=float, default=containers.DEFAULT_HIGH_WATER_GB,
+                   help="high-water mark of the node's image cache: least recently used images "
+                        "are removed above it")
+    p.add_argument("--pull-timeout", type=float, default=containers.DEFAULT_PULL_TIMEOUT_S,
+                   help="seconds an image pull may take")
+    p.add_argument("--container-runtime", default="", choices=("",) + containers.RUNTIMES,
+                   help="the runtime for container jobs [default: podman, docker, enroot: the "
+                        "first found]")
     args = p.parse_args(argv)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     agent = Agent(args.dir, args.gpus, args.gpu_model, args.telemetry, node=args.node,
-                  min_uid=args.min_uid, pids_max=args.pids_max)
+                  min_uid=args.min_uid, pids_max=args.pids_max,
+                  image_cache_gb=args.image_cache_gb, pull_timeout_s=args.pull_timeout,
+                  container_runtime=args.container_runtime)
     try:
         agent.claim_dir()
     except (nodestate.StateDirError, OSError) as e:

@@ -132,16 +132,51 @@ def cli():
 
 
 # ------------------------------------------------------------------------------ daemon, demo
+def daemon_status() -> None:
+    """One line per configured daemon: its URL and role (leader or standby, and why)."""
+    import httpx
+
+    from .client import NotConfigured, load_settings, split_urls
+
+    try:
+        url, _token = load_settings()
+    except NotConfigured as e:
+        fail(str(e), USAGE)
+    leaders = 0
+    for one in split_urls(url):
+        try:
+            h = httpx.get(one.rstrip("/") + "/healthz", timeout=5).json()
+        except (httpx.HTTPError, ValueError) as e:
+            click.echo(f"{one}  unreachable ({type(e).__name__})")
+            continue
+        role = h.get("role", "leader")
+        leaders += role == "leader"
+        why = f" ({h['reason']}; leader: {h.get('leader') or 'none yet'})" if role != "leader" else ""
+        click.echo(f"{one}  {role}{why}")
+    if not leaders:
+        fail("no configured daemon leads now", UNREACHABLE)
+
+
+
 @cli.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="trainyard.toml with [daemon] settings.")
 @click.option("--listen", help="HOST:PORT to serve the API on [default: 127.0.0.1:8471].")
 @click.option("--db", help="Database: a SQLite path or postgresql://user@host/db [default: $TRAINYARD_HOME/trainyard.db].")
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
-def daemon(config_path, listen, db, verbose):
-    """Run the scheduler daemon: API, scheduling loop and node sessions."""
+@click.option("--status", is_flag=True,
+              help="Say which of the configured daemons (TRAINYARD_URL, comma-separated) leads, and exit.")
+def daemon(config_path, listen, db, verbose, status):
+    """Run the scheduler daemon: API, scheduling loop and node sessions.
+
+    With PostgreSQL, start it on two hosts (or twice, on other ports): one leads, the others
+    stand by and take over when it dies; clients given every URL follow the leader."""
     import asyncio
     import logging
     import signal
+
+    if status:
+        daemon_status()
+        return
 
     from .config import home
     from .settings import DaemonConfig
@@ -159,6 +194,7 @@ def daemon(config_path, listen, db, verbose):
         config.db = db
 
     from .daemon import Daemon
+    from .daemon.leadership import AlreadyServed
     from .server import bind, raise_nofile_limit, run, serve
     from .store import SchemaError
 
@@ -171,7 +207,7 @@ def daemon(config_path, listen, db, verbose):
         fail(f"{config_path}: {e}", USAGE)
     try:
         d.prepare()
-    except SchemaError as e:
+    except (SchemaError, AlreadyServed) as e:
         fail(str(e))
     except Exception as e:  # the database refused: say which and why
         fail(f"cannot open the database {config.db or d.db_url!r}: {type(e).__name__}: {str(e).splitlines()[0]}")
@@ -395,32 +431,103 @@ _make_action("release", "Release held jobs.")
 _make_action("requeue", "Put jobs back in the queue (a running one is stopped first).")
 
 
+def _get(c, path: str, **params):
+    """GET one /v1 resource with query parameters (None ones left out)."""
+    return api(c._call, "GET", path, params={k: v for k, v in params.items() if v is not None})
+
+
 @cli.command()
 @click.argument("job_id", type=int)
-@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing as the job writes, until it ends.")
 @click.option("--rank", default=0, show_default=True, type=click.IntRange(0), help="Node rank of a multi-node job.")
+@click.option("--attempt", type=click.IntRange(0), help="Which run of a requeued job [default: the latest].")
 @json_option
-def logs(job_id, follow, rank, as_json):
-    """Print a job's output (stdout and stderr), read from its node."""
+def logs(job_id, follow, rank, attempt, as_json):
+    """Print a job's output (stdout and stderr), as the daemon keeps it: also once its node is gone."""
     c = client()
+    path = f"/v1/jobs/{job_id}/log"
     if as_json:
-        r = api(c.log_page, job_id, 0, rank, 4 * 2**20)
-        print_json({"job": job_id, "rank": rank, "node": r["node"], "state": r["state"], "data": r["data"],
-                    "next": r["next"]})
+        r = _get(c, path, offset=0, rank=rank, attempt=attempt, limit=4 * 2**20)
+        print_json({"job": job_id, **r})
         return
-    offset = 0
-    final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+    offset = waited = 0
+    final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
     while True:
-        r = api(c.log_page, job_id, offset, rank)
+        r = _get(c, path, offset=offset, rank=rank, attempt=attempt, limit=1 << 20)
         if r["data"]:
             sys.stdout.write(r["data"])
             sys.stdout.flush()
         got = r["next"] > offset
         offset = r["next"]
-        if not follow or (r["state"] in final and not got):
+        if got:
+            continue
+        # a finished job's output may still be on its way from the node: wait for all of it
+        ended = r["state"] in final
+        waited = waited + 1 if ended else 0
+        # ... for at most 10 s: a node that left before sending the end of it will not send more
+        if not follow or r.get("complete") or (ended and (r.get("source") != "store" or waited > 20)):
             return
-        if not got:
-            time.sleep(0.5)
+        time.sleep(0.5)
+
+
+@cli.command()
+@click.option("-S", "--starttime", help="Window start [default: 24 hours ago]; YYYY-MM-DD[THH:MM[:SS]] or now-7days.")
+@click.option("-E", "--endtime", help="Window end [default: now].")
+@click.option("-u", "--user", help="Only this user's jobs (operators; users see their own).")
+@click.option("-s", "--state", help="Only jobs in these states, comma-separated.")
+@click.option("-o", "--format", "fmt", default=None, help="Fields, e.g. JobID,User%12,GPUHours [default: "
+              "JobID,JobName,Partition,Account,AllocGPUS,State,ExitCode].")
+@click.option("-P", "--parsable2", "parsable", is_flag=True, help="'|' between fields.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line.")
+@json_option
+def sacct(starttime, endtime, user, state, fmt, parsable, as_csv, as_json):
+    """Job accounting, like Slurm's sacct: jobs that existed in the window, in sacct's fields."""
+    from . import accounting as acct
+    from .daemon.accounting import record_from_json
+
+    start, end = _window(starttime, endtime)
+    fmt = fmt or acct.SACCT_DEFAULT
+    try:
+        acct.parse_format(fmt)
+    except ValueError as e:
+        fail(str(e), USAGE)
+    r = _get(client(), "/v1/accounting/jobs", start=start, end=end, user=user, state=state)
+    records = [record_from_json(j) for j in r["jobs"]]
+    output = "json" if as_json else "csv" if as_csv else "parsable" if parsable else "text"
+    click.echo(acct.render_sacct(records, fmt, output, now=r["now"]), nl=False)
+
+
+def _window(starttime: str | None, endtime: str | None) -> tuple[float | None, float | None]:
+    from .accounting import slurm_when
+
+    now = time.time()
+    try:
+        return (slurm_when(starttime, now) if starttime else None,
+                slurm_when(endtime, now) if endtime else None)
+    except ValueError as e:
+        fail(str(e), USAGE)
+
+
+@cli.command()
+@click.option("--by", type=click.Choice(["account", "user", "queue"]), default="account", show_default=True,
+              help="Group by team (account), user or queue.")
+@click.option("-S", "--starttime", help="Window start [default: 24 hours ago]; YYYY-MM-DD[THH:MM[:SS]] or now-30days.")
+@click.option("-E", "--endtime", help="Window end [default: now].")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line.")
+@json_option
+def report(by, starttime, endtime, as_csv, as_json):
+    """GPU usage like sreport: allocated and idle GPU-hours and cost per team, user or queue."""
+    from . import accounting as acct
+
+    start, end = _window(starttime, endtime)
+    r = _get(client(), "/v1/accounting/report", by=by, start=start, end=end)
+    if as_json:
+        print_json(r)
+        return
+    fields = ("key", "jobs", "gpu_hours", "idle_gpu_hours", "cost", "unpriced_gpu_hours")
+    rows = [acct.Usage(**{f: row[f] for f in fields}) for row in r["rows"]]
+    output = "csv" if as_csv else "text"
+    click.echo(acct.render_report(rows, by, (r["start"], r["end"]), output, r["currency"]), nl=False)
 
 
 # ------------------------------------------------------------------------------ nodes

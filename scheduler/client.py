@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import tomllib
 from collections.abc import Iterator
 from typing import Any
@@ -56,9 +57,15 @@ def load_settings() -> tuple[str, str]:
                 f"no daemon configured: set TRAINYARD_URL and TRAINYARD_TOKEN, or start `trainyard daemon` "
                 f"once on this machine (it writes {path})"
             )
-    check_url(url, url_source)
+    for one in split_urls(url):
+        check_url(one, url_source)
     check_token(token, token_source)
     return url, token
+
+
+def split_urls(url: str) -> list[str]:
+    """A daemon URL, or several separated by commas: a leader and its standbys, in any order."""
+    return [u.strip() for u in str(url).split(",") if u.strip()] or [str(url)]
 
 
 def check_url(url: object, source: str = "daemon URL") -> None:
@@ -90,10 +97,17 @@ def check_token(token: object, source: str = "token") -> None:
 
 
 class Client:
-    def __init__(self, url: str, token: str, timeout: float = 10.0):
-        check_url(url)
+    """The API client. Given several daemon URLs it follows the leader: a standby's 503
+    (Retry-After) or a daemon that does not answer sends the call to the next URL, for up to
+    `failover_s` seconds; a request that may have reached a daemon is retried only if it is a read."""
+
+    def __init__(self, url: str, token: str, timeout: float = 10.0, failover_s: float = 15.0):
+        self.urls = [u.rstrip("/") for u in split_urls(url)]
+        for one in self.urls:
+            check_url(one)
         check_token(token)
-        self.url = url.rstrip("/")
+        self.url = self.urls[0]
+        self.failover_s = failover_s
         self._http = httpx.Client(
             base_url=self.url, timeout=timeout,
             headers={"Authorization": f"Bearer {token}", "User-Agent": "trainyard-client"},
@@ -112,13 +126,34 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _request(self, method: str, path: str, **kw) -> httpx.Response:
+        """One call, following the leader across `self.urls` (see the class docstring)."""
+        deadline = time.monotonic() + (self.failover_s if len(self.urls) > 1 else 0)
+        tried = 0
+        while True:
+            retry, error = False, None
+            try:
+                r = self._http.request(method, self.url + path, **kw)
+                if r.status_code == 503 and "retry-after" in r.headers and len(self.urls) > 1:
+                    retry, error = True, ApiError(r.status_code, error_detail(r))
+                else:
+                    return r
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never reached a daemon
+                retry, error = True, Unreachable(f"cannot reach the daemon at {self.url}: {e or type(e).__name__}")
+            except httpx.TransportError as e:
+                retry = method == "GET"
+                error = Unreachable(f"cannot reach the daemon at {self.url}: {e or type(e).__name__}")
+            except httpx.HTTPError as e:  # a reply httpx could not decode, too many redirects
+                raise ApiError(0, f"bad reply from {self.url}: {e or type(e).__name__}") from None
+            if not retry or len(self.urls) == 1 or time.monotonic() > deadline:
+                raise error
+            tried += 1
+            self.url = self.urls[tried % len(self.urls)]
+            if tried % len(self.urls) == 0:
+                time.sleep(0.25)  # every daemon said no: a takeover is under way
+
     def _call(self, method: str, path: str, **kw) -> Any:
-        try:
-            r = self._http.request(method, path, **kw)
-        except httpx.TransportError as e:
-            raise Unreachable(f"cannot reach the daemon at {self.url}: {e or type(e).__name__}") from None
-        except httpx.HTTPError as e:  # a reply httpx could not decode, too many redirects
-            raise ApiError(0, f"bad reply from {self.url}: {e or type(e).__name__}") from None
+        r = self._request(method, path, **kw)
         if r.status_code >= 400:
             raise ApiError(r.status_code, error_detail(r))
         try:

@@ -8,10 +8,17 @@ the job's output to the agent's `log` and to the job's own output files when it 
 and writes the exit status atomically to `rc` (128+N for signal N), with `oom` beside it
 when the kernel's OOM killer ended a process of the job. Everything the job started ends
 with it where it has a cgroup.
+
+A job with an image (`container` in its spec) runs in a container of the node's runtime:
+the step makes sure the image is on the node (pulled here only when the agent has not
+pulled it ahead), checks that the owner can read every mount, and runs the runtime in the
+job's cgroups; the container runs as the owner with the job's GPUs and limits
+(containers.py). An image or mount that fails ends the launch with `failed` and the reason.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -20,9 +27,10 @@ import sys
 import time
 
 if __package__:
-    from . import fencing
+    from . import containers, fencing
     from .accounts import Account, become
 else:  # inside the agent's bundle on a node
+    import containers
     import fencing
     from accounts import Account, become
 
@@ -43,17 +51,18 @@ def exit_code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
-def _open_as(account, path: str) -> int:
-    """Open (append) an output file with the job owner's rights, not the agent's."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+@contextlib.contextmanager
+def _owner_rights(account):
+    """Act with the job owner's effective ids (files are opened and checked with their rights)."""
     if account is None or os.geteuid() != 0:
-        return os.open(path, flags, 0o644)
+        yield
+        return
     old_umask = os.umask(0o077)
     os.setgroups(account.groups)
     os.setegid(account.gid)
     os.seteuid(account.uid)
     try:
-        return os.open(path, flags, 0o600)
+        yield
     finally:
         os.seteuid(0)
         os.setegid(0)
@@ -61,12 +70,27 @@ def _open_as(account, path: str) -> int:
         os.umask(old_umask)
 
 
-def _child(spec: dict, account, out_fd: int, err_fd: int) -> None:
-    """In the forked child: own session, the job's cgroups, the owner's identity, then exec."""
+def _open_as(account, path: str) -> int:
+    """Open (append) an output file with the job owner's rights, not the agent's."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    with _owner_rights(account):
+        return os.open(path, flags, 0o600 if account is not None else 0o644)
+
+
+def _child(spec: dict, account, out_fd: int, err_fd: int, container=None) -> None:
+    """In the forked child: own session, the job's cgroups, the owner's identity, then exec.
+
+    For a container, the runtime (podman, docker: they run as root) is exec'd in the job's
+    cgroups instead; the container itself runs as the owner."""
     try:
         os.setsid()
         fencing.join(spec.get("cgroups") or [])
-        if account is not None and os.geteuid() == 0:
+        env = spec["env"]
+        if container is not None:
+            parent = containers.cgroup_parent() if spec.get("cgroups") else ""
+            argv = containers.run_argv(cgroup_parent=parent, **container)
+            env = dict(os.environ)  # the runtime's own (root's) environment, not the job's
+        elif account is not None and os.geteuid() == 0:
             become(account)
         os.umask(int(spec.get("umask", 0o077)))
         null = os.open(os.devnull, os.O_RDONLY)
@@ -80,9 +104,10 @@ def _child(spec: dict, account, out_fd: int, err_fd: int) -> None:
             os.write(2, f"trainyard: cannot enter {spec['cwd']}: {e.strerror}\n".encode())
             os._exit(1)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        argv = spec["argv"]
+        if container is None:
+            argv = spec["argv"]
         try:
-            os.execvpe(argv[0], argv, spec["env"])
+            os.execvpe(argv[0], argv, env)
         except OSError as e:
             os.write(2, f"trainyard: cannot run {argv[0]}: {e.strerror}\n".encode())
             os._exit(127)
@@ -103,11 +128,22 @@ def run(job_dir: str) -> int:
     cgroups = spec.get("cgroups") or []
     log = os.open("log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
-    def fail(text: str, rc: int) -> int:
+    def fail(text: str, rc: int, launch: bool = False) -> int:
         os.write(log, f"trainyard: {text}\n".encode())
         fencing.remove(cgroups)
+        if launch:  # the job never ran: the agent reports launch_failed with this reason
+            write_atomic("failed", text)
         write_atomic("rc", str(rc))
         return rc
+
+    container = None
+    if spec.get("container"):
+        try:
+            container = _prepare_container(spec, account, log)
+        except containers.ContainerError as e:
+            return fail(str(e), 1, launch=True)
+        except Exception as e:  # noqa: BLE001 - a bug here still ends the launch with a reason
+            return fail(f"cannot prepare the container: {type(e).__name__}: {e}", 1, launch=True)
 
     files = {}
     for stream in ("stdout", "stderr"):
@@ -127,16 +163,73 @@ def run(job_dir: str) -> int:
         out_w = err_w = log
     pid = os.fork()
     if pid == 0:
-        _child(spec, account, out_w, err_w)
+        _child(spec, account, out_w, err_w, container)
     write_atomic("pid", str(pid))
     status = _copy_until_exit(pid, pipes, files, log, cgroups) if files else _wait(pid)
     rc = exit_code(status)
+    if container is not None:  # its own cgroup: its OOM and its end are the runtime's to tell
+        runtime, name = container["runtime"], container["name"]
+        if containers.container_state(runtime, name).get("oom"):
+            write_atomic("oom", "1")
+        containers.remove_container(runtime, name)
     if cgroups:
         if fencing.oom_killed(cgroups):
             write_atomic("oom", "1")
         fencing.remove(cgroups)  # what the job left behind ends with it
     write_atomic("rc", str(rc))
     return 0
+
+
+def _prepare_container(spec: dict, account, log: int) -> dict:
+    """Make sure the image is on the node, check the mounts as the owner, write the
+    container's environment; the arguments of containers.run_argv (ContainerError if not)."""
+    c = spec["container"]
+    runtime, node = c["runtime"], c.get("node", "")
+    image = containers.parse_image(c["image"])
+    cache = containers.ImageCache(c["cache_dir"], int(c["high_water_bytes"]))
+    started = time.monotonic()
+    seen = [0]
+
+    def progress(done, total):
+        if done > seen[0]:
+            seen[0] = done
+            of = f"/{total}" if total else ""
+            os.write(log, f"trainyard: pulling {image}: {done}{of} layers\n".encode())
+
+    got = containers.ensure(runtime, image, cache, float(c["pull_timeout_s"]), None, progress,
+                            node)
+    if got["pulled_now"]:
+        os.write(log, f"trainyard: pulled {image} ({got['digest']}) in "
+                      f"{time.monotonic() - started:.1f} s\n".encode())
+    write_atomic("image.json", json.dumps({"image": str(image), "digest": got["digest"],
+                                           "id": got["id"], "runtime": runtime}))
+    mounts = c.get("mounts") or []
+    for m in mounts:
+        try:
+            with _owner_rights(account):
+                os.close(os.open(m["src"], os.O_RDONLY))
+        except OSError as e:
+            who = f" {account.name}" if account else ""
+            raise containers.ContainerError(
+                f"container mount {m['src']}:{m['dst']}: the job's user{who} cannot read "
+                f"{m['src']} on {node}: {e.strerror}") from None
+    env = dict(spec["env"])
+    gpus = spec.get("gpus") or []
+    if gpus:  # inside, the container holds only its GPUs: CUDA numbers them from 0 (as Slurm)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+    env_file = os.path.abspath("container.env")
+    skipped = containers.write_env_file(env_file, env)
+    if skipped:
+        os.write(log, f"trainyard: not passed to the container (a newline in the value): "
+                      f"{', '.join(skipped)}\n".encode())
+    uid, gid, groups = (account.uid, account.gid, account.groups) if account else \
+        (os.getuid(), os.getgid(), os.getgroups())
+    return {"runtime": runtime, "image_id": got["id"],
+            "name": f"trainyard-{os.path.basename(os.getcwd())}-{os.getpid()}",
+            "argv": spec["argv"], "devices": containers.gpu_devices(gpus, cdi=bool(c.get("cdi"))),
+            "mounts": mounts, "workdir": c.get("workdir") or "", "env_file": env_file,
+            "uid": uid, "gid": gid, "groups": groups, "mem_mb": c.get("mem_mb"),
+            "cpus": c.get("cpus"), "pids_max": c.get("pids_max")}
 
 
 def _wait(pid: int) -> int:

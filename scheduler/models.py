@@ -64,6 +64,9 @@ class Node(SQLModel, table=True):
     agent_info: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     last_seen: float | None = None
     created_at: float = 0.0
+    gpus_expected: int = 0  # GPUs the operator or the pool declared; the health gate wants them all
+    # the health gate's last outcome: {"status", "trigger", "time", "checks": [{check, result, detail}]}
+    health_checks: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
 
 
 class Job(SQLModel, table=True):
@@ -97,6 +100,7 @@ class Job(SQLModel, table=True):
     array_parent: int | None = None
     array_task_id: int | None = None
     array_limit: int | None = None
+    array_spec: str = ""  # as submitted (0-9%2), for SLURM_ARRAY_TASK_MIN/MAX/COUNT
     env: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     workdir: str | None = None
     submit_time: float = 0.0
@@ -111,6 +115,35 @@ class Job(SQLModel, table=True):
     kill_time: float | None = None
     kill_grace_s: float | None = None  # SIGTERM -> SIGKILL; None: the daemon's kill_grace_s
     estimated_start: float | None = None
+    # Slurm's batch options (scheduler/slurm/sbatch.py gives them their meaning)
+    ntasks: int | None = None  # tasks in all; None: one per node
+    ntasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    gpus_per_task: int | None = None
+    features: str = ""  # -C: an expression over node features (labels), e.g. "a100&ib"
+    nodelist: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False, default=list))
+    exclude: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False, default=list))
+    output: str = ""  # -o pattern (%j %x %A %a %N %u %t %%); "": slurm-%j.out in the workdir
+    error: str = ""  # -e pattern; "": into the output file
+    input: str = ""
+    open_mode: str = "truncate"  # or append
+    submit_dir: str = ""
+    submit_host: str = ""
+    signal: str = ""  # --signal [B:]SIG@SECONDS
+    requeue: bool = True  # --requeue/--no-requeue: whether a node failure or preemption requeues
+    begin_time: float | None = None  # --begin: not eligible before this
+    qos: str = ""
+    comment: str = ""
+    wckey: str = ""
+    reservation: str = ""
+    mail_type: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False, default=list))
+    mail_user: str = ""
+    notify_url: str = ""
+    export: str = "ALL"
+    # options accepted and recorded where trainyard has no such thing yet (shown once as a warning)
+    recorded: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False, default=dict))
+    signal_time: float | None = None  # when this attempt got its --signal before the time limit
+    idle_opt_out: bool = False  # exempt from idle reclaim where the queue allows it
 
 
 class Queue(SQLModel, table=True):

@@ -4,6 +4,11 @@ Per session: connect (pinned host key), ask the node where the agent lives (node
 by the node's python3), upload the agent's bundle when that version is not there yet (SFTP,
 or `cat` over an exec channel where sshd has no SFTP subsystem), run it, and check the
 protocol version in its hello. Every reason a node cannot come up reaches on_link in one line.
+
+Two privilege modes (docs/nodes.md): `login` runs the agent as the login user (root on real
+nodes; the demo's own user), `sudo` logs in as an unprivileged account that one sudo rule
+lets start exactly the agent bundle the trainyard_node role installed root-owned; nothing is
+uploaded then, since a file the login user can write must never run as root.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import logging
 import random
 import shlex
+import sys
 import zipfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,9 +36,15 @@ log = logging.getLogger("trainyard.nodes")
 
 HERE = Path(__file__).parent
 # The agent's bundle: what real nodes run. The demo's GPU simulator (simgpu.py) is not in it.
-BUNDLE_MODULES = ("agent", "protocol", "gpus", "nodestate", "accounts", "fencing", "jobstep")
+BUNDLE_MODULES = ("agent", "protocol", "gpus", "nodestate", "accounts", "fencing", "jobstep",
+                  "containers")
 BUNDLE_MAIN = "import sys\n\nimport agent\n\nsys.exit(agent.main(sys.argv[1:]))\n"
 MIN_PYTHON = (3, 8)
+# The sudo privilege mode: the bundle as the trainyard_node role installs it (root-owned), and
+# the one command line its sudo rule allows (`--node` first: `wrap` can never be the command).
+INSTALLED_AGENT = "/usr/local/lib/trainyard/agent.pyz"
+SYSTEM_PYTHON = "/usr/bin/python3"
+PRIVILEGES = ("login", "sudo")
 
 
 @functools.cache
@@ -86,6 +98,7 @@ class SshTarget:
     declared_gpus: int = 0
     gpu_model: str = ""
     min_uid: int = 1000  # jobs never run as an account below this uid
+    privilege: str = "login"  # "login": the agent runs as `user`; "sudo": see INSTALLED_AGENT
 
 
 @dataclass(frozen=True)
@@ -170,8 +183,29 @@ async def connect(target: SshTarget, settings: SshSettings) -> asyncssh.SSHClien
         raise NodeError(describe(e)) from None
 
 
+def agent_argv(target: SshTarget, telemetry_s: float, bundle: str = "", directory: str = "") -> list:
+    """The command line that starts the agent on the node, in the target's privilege mode."""
+    if target.privilege not in PRIVILEGES:
+        raise NodeError(f"privilege {target.privilege!r} is not one of {', '.join(PRIVILEGES)}")
+    options = ["--node", target.name, "--gpus", str(target.declared_gpus),
+               "--gpu-model", target.gpu_model, "--telemetry", f"{telemetry_s:g}",
+               "--min-uid", str(target.min_uid)]
+    if target.privilege == "sudo":
+        where = ["--dir", target.agent_dir] if target.agent_dir not in ("", ".trainyard") else []
+        return ["sudo", "-n", SYSTEM_PYTHON, "-I", INSTALLED_AGENT, *options, *where]
+    return ["python3", bundle, *options, "--dir", directory]
+
+
+def _sudo_refused(target: SshTarget, said: str) -> str:
+    return one_line(
+        f"{target.user} may not start the agent as root with sudo (sudo said: {said.strip()}); "
+        f"install the rule and {INSTALLED_AGENT} with `trainyard bootstrap` (the trainyard_node "
+        "role), or log in as root with privilege = \"login\"")
+
+
 async def probe(target: SshTarget, settings: SshSettings) -> str:
-    """Connect once and check that python3 is there and new enough; returns its version or
+    """Connect once and check that python3 is there and new enough (and, in the sudo mode, that
+    the sudo rule lets the login user start the installed agent); returns python3's version or
     raises NodeError saying why the node cannot run the agent."""
     conn = await connect(target, settings)
     async with conn:
@@ -179,6 +213,12 @@ async def probe(target: SshTarget, settings: SshSettings) -> str:
                                 "print(platform.python_version())'", timeout=15)
         if result.exit_status != 0:
             raise NodeError(one_line(result.stderr or f"python3 failed (exit {result.exit_status})"))
+        if target.privilege == "sudo":
+            argv = agent_argv(target, settings.telemetry_interval_s)
+            allowed = await conn.run(" ".join(shlex.quote(a) for a in [*argv[:2], "-l", *argv[2:]]),
+                                     timeout=15)
+            if allowed.exit_status != 0:
+                raise NodeError(_sudo_refused(target, allowed.stderr or "the command is not allowed"))
         return str(result.stdout).strip()
 
 
@@ -328,6 +368,9 @@ class NodeLink:
         conn = await connect(t, self.settings)
         self._conn = conn
         try:
+            if t.privilege == "sudo":
+                await self._serve(*await self._start_installed_agent(conn))
+                return
             data, digest = agent_bundle()
             bundle = f"agent-{digest}.pyz"
             where = await locate(conn, t, bundle)
@@ -353,14 +396,31 @@ class NodeLink:
             self._conn = None
             conn.close()
 
+    async def _start_installed_agent(self, conn: asyncssh.SSHClientConnection):
+        """The sudo mode: start the root-owned agent the trainyard_node role installed."""
+        argv = agent_argv(self.target, self.settings.telemetry_interval_s)
+        try:
+            proc, hello = await self._start(conn, argv)
+        except NodeError as e:
+            text = str(e)
+            if "a password is required" in text or "not allowed" in text or "sudoers" in text:
+                raise NodeError(_sudo_refused(
+                    self.target, text.rpartition("before it said hello: ")[2])) from None
+            raise
+        if hello.get("protocol") != PROTOCOL_VERSION:
+            proc.close()
+            raise NodeError(f"the agent installed at {INSTALLED_AGENT} speaks protocol "
+                            f"{hello.get('protocol')!r}, the daemon {PROTOCOL_VERSION}: install this "
+                            "version with `trainyard bootstrap --tags trainyard_node`")
+        return proc, hello
+
     async def _start_agent(self, conn: asyncssh.SSHClientConnection, remote: str, directory: str):
-        """Run the agent; returns (process, hello) or raises NodeError with the reason."""
-        t = self.target
-        cmd = "exec " + " ".join(shlex.quote(a) for a in [
-            "python3", remote, "--dir", directory, "--node", t.name, "--gpus", str(t.declared_gpus),
-            "--gpu-model", t.gpu_model, "--telemetry", str(self.settings.telemetry_interval_s),
-            "--min-uid", str(t.min_uid),
-        ])
+        """Run the uploaded agent; returns (process, hello) or raises NodeError with the reason."""
+        return await self._start(conn, agent_argv(self.target, self.settings.telemetry_interval_s,
+                                                  remote, directory))
+
+    async def _start(self, conn: asyncssh.SSHClientConnection, argv: list):
+        cmd = "exec " + " ".join(shlex.quote(a) for a in argv)
         try:
             proc = await conn.create_process(cmd, encoding="utf-8")
         except (OSError, asyncssh.Error) as e:
@@ -414,3 +474,19 @@ class NodeLink:
         # stdout closed: the agent exited or the connection dropped
         await proc.wait_closed()
         raise NodeError(await self._ended(proc, "while serving the node"))
+
+
+def main(argv: list) -> int:
+    """`python -m scheduler.nodes bundle PATH`: write the agent's bundle (the trainyard_node role
+    installs it root-owned for the sudo privilege mode)."""
+    if len(argv) != 2 or argv[0] != "bundle":
+        print("usage: python -m scheduler.nodes bundle PATH", file=sys.stderr)
+        return 2
+    data, digest = agent_bundle()
+    Path(argv[1]).write_bytes(data)
+    print(digest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

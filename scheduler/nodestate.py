@@ -83,6 +83,8 @@ def claim(path: str, node: str, mode: int = 0o700) -> dict:
     if st.st_mode & 0o022:
         raise StateDirError(f"the agent directory {path} is writable by others "
                             f"(mode {stat.S_IMODE(st.st_mode):o}); make it 0700")
+    if os.geteuid() == 0:
+        _check_parents(path)
     if stat.S_IMODE(st.st_mode) != mode:
         os.chmod(path, mode)
     ident = os.path.join(path, IDENTITY_FILE)
@@ -109,6 +111,31 @@ def claim(path: str, node: str, mode: int = 0o700) -> dict:
             "shared with another node (an NFS home?); give this node a node-local agent_dir "
             f"(the default), or if {there.get('node')!r} was renamed, remove {ident}")
     return me
+
+
+def _check_parents(path: str) -> None:
+    """A root agent's directory must not be swappable: every directory above it belongs to root
+    and only root may rename its entries (group/world-writable only with the sticky bit, as
+    /tmp and /var/tmp are). Otherwise another account could replace the job directories that
+    root reads and runs."""
+    parent = os.path.dirname(path)
+    while True:
+        try:
+            st = os.stat(parent)
+        except OSError as e:
+            raise StateDirError(f"cannot check {parent} above the agent directory {path}: "
+                                f"{e.strerror}") from None
+        open_to_others = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
+        if st.st_uid != 0 or open_to_others:
+            who = (f"belongs to {_user_name(st.st_uid)}" if st.st_uid != 0 else
+                   f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})")
+            raise StateDirError(
+                f"the agent runs as root, and {parent} above its directory {path} {who}: another "
+                "account could swap the directory; choose an agent_dir whose parents only root "
+                "can change (the default /var/lib/trainyard)")
+        if parent == "/":
+            return
+        parent = os.path.dirname(parent)
 
 
 def _user_name(uid: int) -> str:

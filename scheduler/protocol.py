@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: jobs' output streamed to the daemon (output, output_ack)
 
 SIGNALS = ("TERM", "KILL", "INT", "USR1", "HUP")
 
@@ -57,6 +57,31 @@ class Launch:
     mem_mb: int | None = None
     stdout: str | None = None
     stderr: str | None = None
+    # a container job: the image reference, mounts as "SRC[:DST[:ro|rw]]", and the workdir
+    # inside (default: the image's); no credentials ever travel with a launch
+    image: str | None = None
+    mounts: list[str] = field(default_factory=list)
+    container_workdir: str | None = None
+
+
+@dataclass
+class Pull:
+    """Pull an image onto the node ahead of a job's ranks (answered by `pulled`, with
+    `pull_progress` on the way). `auth` is {"username", "password"} for the image's registry,
+    used for this pull only: the agent writes it nowhere but the runtime's private auth file."""
+    op: ClassVar[str] = "pull"
+    image: str
+    id: int | None = None
+    key: str | None = None
+    auth: dict[str, str] | None = None
+    timeout_s: float | None = None
+
+
+@dataclass
+class Images:
+    """Ask for the node's cached images (answered by `images`)."""
+    op: ClassVar[str] = "images"
+    id: int | None = None
 
 
 @dataclass
@@ -99,6 +124,18 @@ class Log:
 
 
 @dataclass
+class OutputAck:
+    """The daemon stored a job's output up to `offset` (bytes of that node's rank of the job):
+    the agent sends on from there, rewinding when the daemon holds less than it sent. `done`:
+    the daemon wants no more of this stream (all of it stored, the size cap reached, or the
+    job is not this node's); the agent then marks it finished on the node."""
+    op: ClassVar[str] = "output_ack"
+    key: str
+    offset: int = 0
+    done: bool = False
+
+
+@dataclass
 class Fault:
     """Inject a fault into a simulated GPU (the demo); refused on real nodes."""
     op: ClassVar[str] = "fault"
@@ -136,13 +173,19 @@ class Hello:
     jobs_as_owners: bool = False
     min_uid: int = 1000
     fencing: dict[str, Any] = field(default_factory=dict)
+    # {"runtime": "podman"|"docker"|"enroot"|"", "runtimes": {name: {"path", "version"}},
+    #  "cdi": bool, "reason": why no runtime}
+    containers: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Started:
+    """A job runs. For a container job, the image and the digest it actually runs."""
     ev: ClassVar[str] = "started"
     key: str
     pid: int | None = None
+    image: str | None = None
+    image_digest: str | None = None
 
 
 @dataclass
@@ -205,6 +248,54 @@ class LogChunk:
 
 
 @dataclass
+class Output:
+    """A piece of a job's output (stdout and stderr as written, this node's rank) from byte
+    `offset`, base64 in `data`. `eof`: the job has ended and this piece reaches the end of its
+    output. At most a bounded window of bytes is sent beyond the last `output_ack`."""
+    ev: ClassVar[str] = "output"
+    key: str
+    offset: int = 0
+    data: str = ""
+    eof: bool = False
+
+
+@dataclass
+class PullProgress:
+    """Layers of an image landed on the node so far (`layers_total` when the runtime tells)."""
+    ev: ClassVar[str] = "pull_progress"
+    image: str
+    key: str | None = None
+    layers_done: int = 0
+    layers_total: int | None = None
+
+
+@dataclass
+class Pulled:
+    """The end of a `pull`: the image's digest, id and size, `cached` when the node already
+    held it; or `error` (for people: the node, the image and what the runtime said)."""
+    ev: ClassVar[str] = "pulled"
+    image: str
+    id: int | None = None
+    key: str | None = None
+    digest: str = ""
+    image_id: str = ""
+    size: int = 0
+    cached: bool = False
+    error: str = ""
+
+
+@dataclass
+class ImageList:
+    """Reply to `images`: the node's cached images (id, refs, digest, size, pulled,
+    last_used), most recently used first, and the cache's high-water mark in bytes."""
+    ev: ClassVar[str] = "images"
+    id: int | None = None
+    runtime: str = ""
+    high_water: int = 0
+    images: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
 class Pong:
     ev: ClassVar[str] = "pong"
     id: int | None = None
@@ -219,9 +310,10 @@ class FaultDone:
     kind: str = ""
 
 
-OPS = {c.op: c for c in (Launch, Signal, Sync, Watch, Forget, Log, Fault, Ping)}
+OPS = {c.op: c for c in (Launch, Signal, Sync, Watch, Forget, Log, OutputAck, Fault, Ping,
+                         Pull, Images)}
 EVENTS = {c.ev: c for c in (Hello, Started, Exited, LaunchFailed, Telemetry, Error, Jobs,
-                            LogChunk, Pong, FaultDone)}
+                            LogChunk, Output, Pong, FaultDone, PullProgress, Pulled, ImageList)}
 
 # annotation text -> the JSON types it accepts (annotations stay strings, never evaluated, so
 # `int | None` works on the nodes' Python 3.8)

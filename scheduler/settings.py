@@ -190,6 +190,13 @@ class QueueSettings(_Table):
     grace_period: Seconds | None = None  # for this queue's jobs when preempted
     nodes: dict[str, str] = {}  # labels a node needs to serve this queue
     aliases: Names = []  # partition names that resolve to this queue (sbatch -p)
+    # idle reclaim: a job whose GPUs stay under idle_util_pct for idle_minutes is warned, then
+    # after idle_grace_minutes cancelled or requeued (docs/gpu.md); unset idle_minutes: never
+    idle_util_pct: float = Field(5.0, ge=0, le=100)
+    idle_minutes: float | None = Field(None, gt=0, le=525_600)
+    idle_grace_minutes: float = Field(10.0, ge=0, le=525_600)
+    idle_action: Literal["cancel", "requeue"] = "cancel"
+    allow_opt_out: bool = False
 
     @field_validator("max_time")
     @classmethod
@@ -240,11 +247,142 @@ class HealthSettings(_Table):
     history_samples: int = Field(300, ge=2, le=1_000_000)
 
 
+class GateSettings(_Table):
+    """[gate]: the checks a node passes before it takes work (docs/gpu.md)."""
+
+    nvml: bool = True  # expected GPUs present, no pending row remap or uncorrected ECC, sane clocks
+    dcgm: Literal["auto", "off"] = "auto"  # auto: `dcgmi diag -r LEVEL` where dcgmi is installed
+    dcgm_level: int = Field(1, ge=1, le=4)
+    test_command: list[Annotated[str, AfterValidator(_nonempty)]] = []  # a GPU test; exit 0 passes
+    check_timeout: PositiveSeconds = 600.0
+    telemetry_timeout: PositiveSeconds = 30.0
+    period: Seconds = 0.0  # re-check idle nodes this often; 0: only when a node enters service
+    user: UnixAccount = "nobody"  # runs the checks where the agent starts jobs as their owners
+    resume_wait: Seconds = 8.0  # `node resume` answers with the outcome when it comes this soon
+
+
 class NodesSettings(_Table):
     """[nodes]: how the agent runs on every node."""
 
     agent_dir: Annotated[str, AfterValidator(_agent_dir)] = ""  # "": the node-local default
     min_uid: int = Field(1000, ge=1, le=2**31 - 1)  # jobs never run as an account below this
+
+
+class LogsSettings(_Table):
+    """[logs]: where the daemon keeps jobs' output (per job attempt and rank) and for how long."""
+
+    dir: str = ""  # "": TRAINYARD_HOME/logs
+    retention_days: float = Field(30.0, gt=0, le=36500)
+    max_bytes_per_job: int = Field(1 << 30, ge=4096, le=1 << 50)  # all ranks of one attempt
+
+
+def _http_url(value: str) -> str:
+    if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
+        raise ValueError(f"expected an http:// or https:// URL, got {_short(value)}")
+    return value
+
+
+def _mail_types(value: object) -> object:
+    from .notify import parse_mail_type  # noqa: PLC0415 - notify imports httpx; only when used
+
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else value
+    if isinstance(names, list) and all(isinstance(n, str) for n in names):
+        parse_mail_type(names)  # names the known types when one is unknown
+    return names
+
+
+MailTypes = Annotated[list[str], BeforeValidator(_mail_types)]
+
+
+class SmtpSettings(_Table):
+    """[notify.smtp]: the mail server notifications go through."""
+
+    host: Name
+    port: int = Field(25, ge=1, le=65535)
+    sender: str = "trainyard@localhost"
+    user: str = ""
+    password: str = ""
+    starttls: bool = False
+    ssl: bool = False  # SMTPS, usually port 465
+
+
+class NotifySettings(_Table):
+    """[notify]: cluster-wide webhooks (Slack-compatible) and mail, and how deliveries are tried."""
+
+    webhooks: list[Annotated[str, AfterValidator(_http_url)]] = []
+    webhook_types: MailTypes = ["FAIL", "REQUEUE", "TIME_LIMIT", "DRAIN", "DOWN"]
+    mail_to: list[Name] = []
+    mail_types: MailTypes = ["DRAIN", "DOWN"]
+    smtp: SmtpSettings | None = None
+    timeout_s: PositiveSeconds = 5.0
+    retries: int = Field(3, ge=0, le=100)
+    backoff_s: PositiveSeconds = 1.0
+    max_backoff_s: PositiveSeconds = 60.0
+    queue_max: int = Field(1000, ge=1, le=1_000_000)
+    workers: int = Field(4, ge=1, le=64)
+
+
+Price = Annotated[float, Field(ge=0)]
+
+
+class InstancePrice(_Table):
+    """[accounting.instances."TYPE"]: an AWS instance type's price per hour, and its GPUs."""
+
+    on_demand: Price
+    spot: Price | None = None
+    gpus: int = Field(ge=1, le=1024)
+
+
+class PoolPrice(_Table):
+    """[accounting.pools.NAME]: what a GPU-hour in that pool costs."""
+
+    kind: Literal["aws", "onprem"]
+    instance_type: str = ""  # aws
+    spot: bool = False  # aws
+    gpu_hour: Price | None = None  # onprem
+
+    @model_validator(mode="after")
+    def _priced(self) -> PoolPrice:
+        if self.kind == "onprem" and self.gpu_hour is None:
+            raise ValueError("an onprem pool needs gpu_hour, its price per GPU-hour")
+        if self.kind == "aws" and not self.instance_type:
+            raise ValueError("an aws pool needs instance_type, priced in [accounting.instances]")
+        return self
+
+
+class AccountingSettings(_Table):
+    """[accounting]: prices per pool, and what counts as an idle (wasted) GPU."""
+
+    currency: Name = "USD"
+    idle_threshold_pct: float = Field(5.0, ge=0, le=100)
+    max_sample_gap_s: PositiveSeconds = 300.0  # telemetry older than this says nothing
+    util_history_days: float = Field(35.0, gt=0, le=3660)
+    instances: dict[Name, InstancePrice] = {}
+    pools: dict[Name, PoolPrice] = {}
+
+    @model_validator(mode="after")
+    def _instances_known(self) -> AccountingSettings:
+        problems = []
+        for name, p in self.pools.items():
+            inst = self.instances.get(p.instance_type)
+            if p.kind != "aws":
+                continue
+            if inst is None:
+                problems.append(f"pools.{name}.instance_type: {p.instance_type!r} has no price; add "
+                                f"[accounting.instances.\"{p.instance_type}\"] with on_demand and gpus")
+            elif p.spot and inst.spot is None:
+                problems.append(f"pools.{name}.spot: instances.\"{p.instance_type}\" has no spot "
+                                "price; add spot = PRICE there")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def price_book(self):
+        """The pure accounting's PriceBook (per-pool price of a GPU-hour)."""
+        from .accounting import PriceBook  # noqa: PLC0415
+
+        doc = self.model_dump(exclude_none=True)
+        return PriceBook.from_dict(doc)
 
 
 class Settings(_Table):
@@ -257,6 +395,10 @@ class Settings(_Table):
     health: HealthSettings = HealthSettings()
     users: dict[UserName, UnixAccount] = {}  # trainyard user -> Unix account on the nodes
     nodes: NodesSettings = NodesSettings()
+    logs: LogsSettings = LogsSettings()
+    notify: NotifySettings = NotifySettings()
+    accounting: AccountingSettings = AccountingSettings()
+    gate: GateSettings = GateSettings()
 
     @model_validator(mode="after")
     def _references(self) -> Settings:

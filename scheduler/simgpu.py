@@ -17,7 +17,9 @@ if __package__:
 else:  # loaded by an agent on a simulated node
     from gpus import blank
 
-FAULT_KINDS = ("xid", "ecc_dbe", "temp", "off_bus", "clear")
+# remap_pending: a row remap waits for a GPU reset; no health rule drains for it, but the
+# health gate (scheduler/daemon/healthgate.py) keeps the node out until it is cleared
+FAULT_KINDS = ("xid", "ecc_dbe", "temp", "off_bus", "remap_pending", "clear")
 
 
 class SimulatedGpus:
@@ -55,7 +57,8 @@ class SimulatedGpus:
             temp_c=f["temp"] if "temp" in f else 60 + util // 5 + random.randint(0, 3),
             power_w=90 + util * 6, power_limit_w=700, sm_clock_mhz=1980 if job else 345,
             ecc_sbe_volatile=0, ecc_dbe_volatile=dbe, ecc_sbe_aggregate=0, ecc_dbe_aggregate=dbe,
-            ecc_dbe=dbe, remap_correctable=0, remap_uncorrectable=dbe, remap_pending=bool(dbe),
+            ecc_dbe=dbe, remap_correctable=0, remap_uncorrectable=dbe,
+            remap_pending=bool(dbe) or bool(f.get("remap_pending")),
             remap_failure=False, mig_mode=False, mig_instances=[],
             mem_clock_mhz=2619, mem_temp_c=50 + util // 4, pcie_replay=0, util_enc=0, util_dec=0,
             mem_reserved_mb=512, power_mgmt_limit_w=700, energy_mj=self._energy(i, 90 + util * 6),
@@ -95,6 +98,8 @@ class SimulatedGpus:
             f["temp"] = _int_value(value, "temp", 0, 200)
         elif kind == "off_bus":
             f["off_bus"] = True
+        elif kind == "remap_pending":
+            f["remap_pending"] = True
 
 
 def _int_value(value, what: str, lo: int, hi: int) -> int:

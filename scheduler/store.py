@@ -14,6 +14,7 @@ from .models import SCHEMA_VERSION, Meta
 def add_missing_columns(conn: Connection) -> None:
     """Add the columns a newer model declares to an older table, with the model's default."""
     insp = inspect(conn)
+    models = {m.local_table.name: m.class_ for m in SQLModel._sa_registry.mappers}
     for table in SQLModel.metadata.sorted_tables:
         if not insp.has_table(table.name):
             continue
@@ -24,7 +25,8 @@ def add_missing_columns(conn: Connection) -> None:
             ddl = col.type.compile(dialect=conn.dialect)
             default = col.default.arg if col.default is not None and not callable(col.default.arg) else None
             if default is None and "JSON" in ddl.upper():
-                default = "{}"
+                field = getattr(models.get(table.name), "model_fields", {}).get(col.name)
+                default = "[]" if field is not None and field.default_factory is list else "{}"
             clause = ""
             if isinstance(default, bool):
                 clause = f" DEFAULT {'true' if default else 'false'}"
@@ -96,6 +98,8 @@ def init_schema(engine: Engine) -> int:
         while version < SCHEMA_VERSION:
             MIGRATIONS[version](session.connection())  # type: ignore[operator]
             version += 1
+        # columns added within a version (nullable or with a default) need no migration of their own
+        add_missing_columns(session.connection())
         row.value = str(version)
         session.add(row)
         session.commit()

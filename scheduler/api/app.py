@@ -6,7 +6,7 @@ from fastapi import FastAPI, Request
 
 from ..daemon import Daemon
 from . import errors
-from .routers import cluster, events, jobs, nodes, queues, tokens
+from .routers import accounting, cluster, events, jobs, nodes, queues, tokens
 
 VERSION = "0.2.0"
 
@@ -28,6 +28,6 @@ def create_app(daemon: Daemon) -> FastAPI:
             pass
 
     errors.install(app, on_refused)
-    for module in (jobs, nodes, queues, tokens, events, cluster):
+    for module in (jobs, nodes, queues, tokens, events, cluster, accounting):
         app.include_router(module.router)
     return app

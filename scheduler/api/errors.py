@@ -26,13 +26,15 @@ class ErrorBody(BaseModel):
 _TEXT = {400: "Bad request", 401: "Missing or unknown bearer token", 403: "The role or ownership does not allow this",
          404: "No such job, node or token", 405: "Method not allowed", 409: "The target's state does not allow this",
          422: "A value cannot be used (the message names the field)",
-         503: "A node or the leader cannot be reached now; retry"}
+         503: "A node cannot be reached now, or this daemon stands by (Retry-After; the detail names "
+              "the leader)"}
 
 
 def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI entries for the error codes a route can answer (400, 401 and 422 are on every route:
-    a body that is not JSON, a missing or unknown token, a value that cannot be used)."""
-    return {c: {"model": ErrorBody, "description": _TEXT[c]} for c in sorted({400, 401, 422, *codes})}
+    """OpenAPI entries for the error codes a route can answer (400, 401, 422 and 503 are on every
+    route: a body that is not JSON, a missing or unknown token, a value that cannot be used, a
+    standby daemon or an unreachable node)."""
+    return {c: {"model": ErrorBody, "description": _TEXT[c]} for c in sorted({400, 401, 422, 503, *codes})}
 
 
 def allowed_methods(app, scope) -> list[str]:
@@ -87,7 +89,8 @@ def install(app: FastAPI, on_refused) -> None:
         status = STATUS.get(exc.kind, 409)
         if status == 403:
             on_refused(request, status, str(exc))
-        return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=status)
+        headers = {"Retry-After": "1"} if exc.kind == "not_leader" else None
+        return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

@@ -124,6 +124,37 @@ class JobSubmit(Strict):
               Annotated[str, Field(max_length=65536, pattern=NO_NUL)]] = Field(default_factory=dict, max_length=1024)
     workdir: str | None = Field(default=None, max_length=4096, pattern="^/", description="absolute, on the node")
     hold: bool = False
+    # Slurm's batch options, with sbatch's meaning (docs/slurm.md)
+    ntasks: int | None = Field(default=None, ge=1, le=1 << 20)
+    ntasks_per_node: int | None = Field(default=None, ge=1, le=4096)
+    cpus_per_task: int | None = Field(default=None, ge=1, le=4096)
+    gpus_per_task: int | None = Field(default=None, ge=0, le=1024)
+    nodes_max: int | None = Field(default=None, ge=1, le=4096)
+    features: str | None = Field(default=None, max_length=1024, pattern=NO_NUL,
+                                 description="-C: node features with & | [...], e.g. a100&ib")
+    nodelist: list[Annotated[str, Field(pattern=NAME_RE)]] | None = Field(default=None, max_length=4096)
+    exclude: list[Annotated[str, Field(pattern=NAME_RE)]] | None = Field(default=None, max_length=4096)
+    output: str | None = Field(default=None, max_length=4096, pattern=NO_NUL,
+                               description="Slurm filename pattern (%j %x %A %a %N %u %t %%)")
+    error: str | None = Field(default=None, max_length=4096, pattern=NO_NUL)
+    input: str | None = Field(default=None, max_length=4096, pattern=NO_NUL)
+    open_mode: Literal["truncate", "append"] | None = None
+    submit_dir: str | None = Field(default=None, max_length=4096, pattern="^/")
+    submit_host: str | None = Field(default=None, max_length=253, pattern=NO_NUL)
+    signal: str | None = Field(default=None, max_length=32, pattern=r"^(B:)?[A-Z0-9]{1,10}(@[0-9]{1,6})?$",
+                               description="[B:]SIG[@SECONDS], e.g. USR1@60")
+    requeue: bool | None = None
+    begin: float | None = Field(default=None, ge=0, le=1e11, description="epoch seconds")
+    qos: str | None = Field(default=None, max_length=64, pattern=NO_NUL)
+    comment: str | None = Field(default=None, max_length=1024, pattern=NO_NUL)
+    wckey: str | None = Field(default=None, max_length=64, pattern=NO_NUL)
+    reservation: str | None = Field(default=None, max_length=64, pattern=NO_NUL)
+    mail_type: list[Annotated[str, Field(pattern=r"^[A-Z_0-9]{1,32}$")]] | None = Field(default=None, max_length=32)
+    mail_user: str | None = Field(default=None, max_length=254, pattern=NO_NUL)
+    notify_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\x00\s]+$")
+    export: str | None = Field(default=None, max_length=4096, pattern=NO_NUL)
+    recorded: dict[Annotated[str, Field(max_length=64, pattern=NO_NUL)],
+                   Annotated[str, Field(max_length=1024, pattern=NO_NUL)]] | None = Field(default=None, max_length=64)
 
     @model_validator(mode="after")
     def one_of_command_or_script(self):
@@ -143,7 +174,18 @@ class JobSubmit(Strict):
     @field_validator("time_limit")
     @classmethod
     def _time(cls, v):
-        return None if v is None else parse_time_limit(v, "time_limit")
+        if v is None or (isinstance(v, str) and v.strip().upper() in ("UNLIMITED", "INFINITE")):
+            return None if v is None else "UNLIMITED"
+        return parse_time_limit(v, "time_limit")
+
+    @field_validator("features")
+    @classmethod
+    def _features(cls, v):
+        if v:
+            from ..slurm.features import parse_constraint
+
+            parse_constraint(v)
+        return v or None
 
     @field_validator("env")
     @classmethod
@@ -287,6 +329,22 @@ class JobRead(Open):
     exit_code: int | None
     estimated_start: float | None
     allocation: list[Allocation]
+    ntasks: int | None = None
+    ntasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    features: str | None = None
+    nodelist: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
+    output: str | None = None
+    error: str | None = None
+    signal: str | None = None
+    requeue: bool = True
+    begin: float | None = None
+    qos: str | None = None
+    comment: str | None = None
+    mail_type: list[str] = Field(default_factory=list)
+    mail_user: str | None = None
+    recorded: dict[str, str] = Field(default_factory=dict)
 
 
 class NodeRead(Open):
@@ -326,11 +384,16 @@ class Removed(BaseModel):
     removed: bool
 
 
-class LogChunk(BaseModel):
+class LogChunk(Open):
     data: str
     next: int
     state: str
     node: str | None
+    attempt: int | None = None
+    rank: int | None = None
+    size: int | None = None
+    complete: bool | None = None
+    source: Literal["store", "node", "none"] | None = None
 
 
 class QueueRead(Open):
@@ -408,3 +471,8 @@ class ClusterRead(Open):
 
 class Health(Open):
     ok: bool
+    role: Literal["leader", "standby"] = "leader"
+    url: str = ""
+    leader: str | None = None
+    epoch: int | None = None
+    reason: str | None = None

@@ -19,14 +19,20 @@ from ..models import Job, Node, Queue
 from ..nodes import SshSettings
 from ..planner import PolicyConfig, UsageLedger
 from ..store import init_schema, make_engine
+from .accounting import Accounting
 from .caller import Caller
 from .clock import Clock
 from .dispatch import Dispatcher
 from .gpuhealth import HealthMonitor
+from .healthgate import GateConfig, HealthGate
+from .idle import IdlePolicy, IdleReclaimer
 from .inventory import Inventory
 from .jobs import JobService
+from .leadership import Leadership
 from .lifecycle import JobLifecycle, RankExit
 from .links import NodeLinks
+from .logstore import JobLogs, LogStore, log_root
+from .notifications import Notifications
 from .overview import Overview
 from .readmodel import MetricsReadModel
 from .reconcile import Reconciler
@@ -70,7 +76,7 @@ class Daemon:
         self.store.on_job_state += [self.readmodel.on_job_state, self.metrics.on_job_state]
         self.lifecycle = JobLifecycle(self.store, self.links, self.clock, self.policy, self.ledger,
                                       config.kill_grace_s, self.wake)
-        self.dispatcher = Dispatcher(self.links, self.unix_user)
+        self.dispatcher = Dispatcher(self.links, self.unix_user, config.cluster_name)
         self.health = HealthMonitor(config.health_rules, self.clock, self._drain_for_health, self.wake)
         self.cycle = SchedulingCycle(self.store, self.links, self.health, self.lifecycle, self.dispatcher,
                                      self.clock, self.policy, self.ledger, config.schedule_interval_s,
@@ -78,20 +84,46 @@ class Daemon:
         self.reconciler = Reconciler(self.store, self.links, self.lifecycle, self.dispatcher, self.clock,
                                      self.wake, self._observe_started)
         self.jobs = JobService(self.store, self.lifecycle, self.links, self.clock, self.policy, self.wake,
-                               self.metrics.job_submitted)
+                               self.metrics.job_submitted, config.queue_aliases)
+        self.gate = HealthGate(self.store, self.links, self.clock,
+                               GateConfig.from_settings(config.settings.gate, config.health_rules.temp_c),
+                               self.wake)
+        self.idle = IdleReclaimer(self.store, self.lifecycle, self.clock,
+                                  IdlePolicy.from_queues(config.settings.queues))
         self.inventory = Inventory(self.store, self.links, self.lifecycle, self.clock, self.known_hosts,
-                                   self.key_path, config.connect_timeout_s, self.wake, self.health.forget)
+                                   self.key_path, config.connect_timeout_s, self.wake, self.health.forget,
+                                   self.gate)
         self.tokens = Tokens(self.store, self.clock)
         self.overview = Overview(self.store, self.clock, self.policy, self.ledger, config.cluster_name)
+        tables = config.settings
+        self.logstore = LogStore(log_root(home, tables.logs.dir), self.store, self.links, self.clock,
+                                 tables.logs.retention_days, tables.logs.max_bytes_per_job,
+                                 self.gate.owns)
+        self.logs = JobLogs(self.logstore, self.store, self.links)
+        self.notifications = Notifications(tables.notify, self.store, config.cluster_name)
+        self.accounting = Accounting(self.store, tables.accounting, home, self.clock,
+                                     lambda user: self.policy.user_team.get(user, "default"))
+        self._logs_expire_at = 0.0
+        self.leadership = Leadership(self.engine, self.db_url, lambda: self.url)
+        self.store.fence = self.leadership.fence
         self._tasks: list[asyncio.Task] = []
+        self._office: list[asyncio.Task] = []  # what only the leader runs
         self._running = False
 
     # ---------------------------------------------------------------- lifecycle
     def prepare(self) -> None:
-        """Everything that needs no event loop: schema, the SSH key, the configured queues."""
+        """Everything that needs no event loop: the database (and, on SQLite, its one-daemon
+        lock), the SSH key; with SQLite this daemon leads, so its state is loaded at once."""
+        if not self.leadership.postgres:
+            self.leadership.claim_sqlite(Path(self.engine.url.database or self.db_url))
         init_schema(self.engine)
         self.ensure_ssh_key()
         self.known_hosts.touch(mode=0o600, exist_ok=True)
+        if self.leadership.leading:
+            self._load_state()
+
+    def _load_state(self) -> None:
+        """What a leader needs before it acts: configured queues, fair-share usage, active jobs."""
         with self.store.tx() as s:
             wanted = {"default": None, **self.policy.queues}
             for name, qp in wanted.items():
@@ -105,6 +137,7 @@ class Daemon:
                 s.add(q)
             self._load_usage(s)
         self.store.load_index()
+        self.accounting.load()
 
     def _load_usage(self, s: Session) -> None:
         """Rebuild the fair-share ledger from the runs of the last ten half-lives."""
@@ -128,7 +161,7 @@ class Daemon:
 
     def bootstrap_admin(self, url: str) -> str | None:
         """On the first start, create an admin token for the local user and write client.toml."""
-        if self.tokens.any():
+        if not self.leadership.leading or self.tokens.any():
             return None
         token = self.tokens.create(getpass.getuser(), "admin", "first-start")
         write_private(client_config_path(), f'url = "{url}"\ntoken = "{token}"\n')
@@ -136,13 +169,44 @@ class Daemon:
 
     async def start(self) -> None:
         self._running = True
+        if self.leadership.postgres:  # stand by until elected (DESIGN.md boundary 7)
+            self._tasks = [asyncio.create_task(
+                self.leadership.campaign(self._take_office, self._step_down, lambda: self._running),
+                name="campaign")]
+        else:
+            await self._start_office()
+
+    async def _take_office(self) -> None:
+        await asyncio.to_thread(self._load_state)
+        if self.url and self.bootstrap_admin(self.url):  # the first start of a PostgreSQL cluster
+            log.warning("first start: admin token for this user written to %s", client_config_path())
+        await self._start_office()
+
+    async def _start_office(self) -> None:
+        """The leader's work: node links, notifications, the scheduling and housekeeping loops."""
         with self.store.read() as s:
             for node in s.exec(select(Node)).all():
                 self.links.start(node)
-        self._tasks = [
-            asyncio.create_task(self.cycle.loop(lambda: self._running), name="schedule"),
+        await self.notifications.start()
+        self._office = [
+            asyncio.create_task(self.cycle.loop(lambda: self._running and self.leadership.leading),
+                                name="schedule"),
             asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
         ]
+
+    async def _step_down(self, why: str) -> None:
+        """A leader that lost its lock stops acting on nodes at once; a standby again."""
+        await self._leave_office()
+        log.warning("standing by: %s", why)
+
+    async def _leave_office(self) -> None:
+        for t in self._office:
+            t.cancel()
+        for t in self._office:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._office = []
+        await self.links.stop_all()
 
     async def stop(self) -> None:
         self._running = False
@@ -151,7 +215,11 @@ class Daemon:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        await self._leave_office()
+        self.leadership.close()
+        await self.gate.stop()
         await self.links.stop_all()
+        await self.notifications.stop()
         self.store.close_streams()
         self.engine.dispose()
 
@@ -176,8 +244,16 @@ class Daemon:
                 sample = {"time": msg.get("time"), "gpus": msg.get("gpus", []), "source": msg.get("source")}
                 self.links.telemetry[name] = sample
                 self.health.observe(name, sample)
+                self.gate.observe(name, sample)
+                self.idle.observe(name, sample)
+                self.accounting.observe(name, sample)
+            elif ev == "output":
+                self.logstore.on_output(name, msg)
             elif ev == "hello":
                 self.reconciler.on_hello(name, msg)
+                self.gate.on_hello(name)
+            elif self.gate.owns(msg.get("key")):  # a health check's job, not a user's
+                self.gate.on_agent_event(name, msg)
             elif ev == "started":
                 self.reconciler.on_started(name, msg["key"])
             elif ev == "exited":
@@ -212,8 +288,14 @@ class Daemon:
                 log.exception("housekeeping failed")
 
     def housekeeping(self, now: float) -> None:
+        if now >= self._logs_expire_at:  # hourly: jobs' output past [logs] retention_days
+            self._logs_expire_at = now + 3600
+            self.logstore.expire(now)
+            self.accounting.idle.trim(now)
+        self.gate.recheck_idle(now)
         with self.store.tx() as s:
             self.lifecycle.enforce_limits(s, now)
+            self.idle.enforce(s, now)
             for name, since in list(self.links.unreachable_since.items()):
                 if now - since < self.config.node_grace_s:
                     continue
@@ -229,9 +311,10 @@ class Daemon:
                 nodes = [Inventory.get(s, name)]
             else:
                 nodes = s.exec(select(Node).order_by(Node.name)).all()
-            return [node_json(n, connected=self.links.connected(n.name), problem=self.links.problem(n.name),
-                              gpus_used=used.get(n.name, 0), telemetry=self.links.telemetry.get(n.name),
-                              excluded=self.health.excluded_gpus(n.name)) for n in nodes]
+            return [{**node_json(n, connected=self.links.connected(n.name), problem=self.links.problem(n.name),
+                                 gpus_used=used.get(n.name, 0), telemetry=self.links.telemetry.get(n.name),
+                                 excluded=self.health.excluded_gpus(n.name)),
+                     "health_checks": n.health_checks or {}} for n in nodes]
 
     # ---------------------------------------------------------------- for metrics (read-only)
     @property

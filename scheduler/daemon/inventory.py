@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from ..nodes import (
 from .caller import Caller
 from .clock import Clock
 from .errors import Conflict, Invalid, NotFound
+from .healthgate import FAILED, HealthGate
 from .lifecycle import JobLifecycle
 from .links import NodeLinks
 from .state import StateStore
@@ -49,7 +51,8 @@ class Inventory:
     """Every change to the node table; nothing is half-registered when a step fails."""
 
     def __init__(self, store: StateStore, links: NodeLinks, lifecycle: JobLifecycle, clock: Clock,
-                 known_hosts: Path, default_key: Path, connect_timeout_s: float, wake, forget_health):
+                 known_hosts: Path, default_key: Path, connect_timeout_s: float, wake, forget_health,
+                 gate: HealthGate):
         self.store = store
         self.links = links
         self.lifecycle = lifecycle
@@ -59,6 +62,7 @@ class Inventory:
         self.connect_timeout_s = connect_timeout_s
         self.wake = wake
         self.forget_health = forget_health
+        self.gate = gate
 
     @staticmethod
     def get(s: Session, name: str) -> Node:
@@ -98,6 +102,7 @@ class Inventory:
             node = Node(name=req.name, address=req.address, port=req.port, user=req.user,
                         key_path=req.key_path, agent_dir=req.agent_dir, pool=req.pool,
                         provider=req.provider, gpu_model=req.gpu_model or "", gpus_total=req.gpus or 0,
+                        gpus_expected=req.gpus or 0, health_checks={"status": "pending", "trigger": "node add"},
                         labels=req.labels, state=m.DOWN, reason="connecting", created_at=self.clock.time())
             s.add(node)
             self.store.record(s, caller.user, "node.add", req.name,
@@ -121,6 +126,7 @@ class Inventory:
             if shared is None:  # a reinstalled host must be able to come back with a new key
                 unpin_host_key(self.known_hosts, node.address, node.port)
             self.store.record(s, caller.user, "node.remove", name, {"forced": bool(active)}, caller.address)
+        self.gate.cancel(name)
         await self.links.stop(name)
         self.forget_health(name)
 
@@ -135,16 +141,49 @@ class Inventory:
                 return
             self.store.record(s, "trainyard", "node.health", name, {"verdicts": verdicts})
             if node.state in (m.UP, m.DRAINING, m.DRAINED):
+                self.gate.invalidate(node)
                 self.lifecycle.drain(s, node, ("health: " + "; ".join(verdicts))[:500], "trainyard")
 
-    def resume(self, caller: Caller, name: str) -> None:
+    async def resume(self, caller: Caller, name: str, force: bool = False) -> None:
+        """Back into service through the health gate: the node goes UP once its checks pass.
+
+        Answers when the checks end within [gate] resume_wait (Conflict naming the failed check),
+        else leaves them running with the node DRAINED ("health gate: checking"). `force` skips
+        the checks; the audit event says so."""
         with self.store.tx() as s:
             node = self.get(s, name)
             if node.state == m.UP:
                 raise Conflict(f"node {name} is already UP")
-            self._back_in_service(node)
-            self.store.record(s, caller.user, "node.resume", name, {"state": node.state}, caller.address)
-        self.wake()
+            if node.state in (m.PROVISIONING, m.BOOTSTRAPPING):
+                raise Conflict(f"node {name} is {node.state}; it enters service when that ends")
+            if force:
+                self.gate.cancel(name)
+                last = (node.health_checks or {}).get("status", "pending")
+                self._back_in_service(node)
+                s.add(node)
+                self.store.record(s, caller.user, "node.resume", name,
+                                  {"state": node.state, "forced": True, "health_checks": last}, caller.address)
+            elif self.gate.running(name):
+                raise Conflict(f"node {name}: its health checks are running; wait for them, or resume "
+                               "with force=true to skip them")
+            elif self.store.active.on(name):
+                raise Conflict(f"node {name} still runs jobs ({node.state}); resume it once they end, "
+                               "or with force=true to put it back without checks")
+            else:
+                self.gate.hold(s, node, f"resume by {caller.user}")
+                self.store.record(s, caller.user, "node.resume", name, {"state": node.state, "gate": True},
+                                  caller.address)
+        if force:
+            self.wake()
+            return
+        run = self.gate.start(name, f"resume by {caller.user}", held=True)
+        done, _ = await asyncio.wait({run}, timeout=self.gate.config.resume_wait_s)
+        if run in done and not run.cancelled() and run.exception() is None:
+            outcome = run.result()
+            if outcome["status"] == FAILED:
+                failed = next(c for c in outcome["checks"] if c["result"] == "fail")
+                raise Conflict(f"node {name} failed its health check {failed['check']}: {failed['detail']}; "
+                               "it stays DRAINED. Fix it and resume again, or resume with force=true")
 
     def _back_in_service(self, node: Node) -> None:
         node.state = m.UP if self.links.connected(node.name) else m.DOWN
@@ -157,13 +196,16 @@ class Inventory:
                 if self.store.active.on(name):
                     raise Conflict(f"node {name} runs jobs; drain it before bootstrapping")
                 node.state, node.reason = m.BOOTSTRAPPING, detail or "bootstrap running"
+                self.gate.invalidate(node)
             elif phase == "done":
-                self._back_in_service(node)
+                self.gate.hold(s, node, "after bootstrap")
             else:
                 node.state, node.reason = m.DOWN, f"bootstrap failed: {detail}"[:500]
             s.add(node)
             self.store.record(s, caller.user, f"node.bootstrap.{phase}", name, {"detail": detail},
                               caller.address)
+        if phase == "done":
+            self.gate.start(name, "after bootstrap", held=True)
         self.wake()
 
     async def inject_fault(self, caller: Caller, name: str, fault: dict[str, Any]) -> dict:
@@ -180,6 +222,8 @@ class Inventory:
 
     def mark_down(self, s: Session, node: Node, since: float, now: float) -> None:
         if node.state != m.DOWN:
+            self.gate.cancel(node.name)
+            self.gate.invalidate(node)
             node.state = m.DOWN
             node.reason = f"unreachable for {now - since:.0f}s: {self.links.errors.get(node.name, 'no answer')}"
             s.add(node)

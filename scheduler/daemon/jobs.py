@@ -50,6 +50,27 @@ class JobRequest:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
     hold: bool = False
+    slurm: dict[str, Any] = field(default_factory=dict)  # Slurm's batch options (Job columns)
+
+
+# Slurm's batch options stored as they come (API field -> Job column)
+SLURM_FIELDS = {
+    "ntasks": "ntasks", "ntasks_per_node": "ntasks_per_node", "cpus_per_task": "cpus_per_task",
+    "gpus_per_task": "gpus_per_task", "features": "features", "nodelist": "nodelist",
+    "exclude": "exclude", "output": "output", "error": "error", "input": "input",
+    "open_mode": "open_mode", "submit_dir": "submit_dir", "submit_host": "submit_host",
+    "signal": "signal", "requeue": "requeue", "begin": "begin_time", "qos": "qos",
+    "comment": "comment", "wckey": "wckey", "reservation": "reservation", "mail_type": "mail_type",
+    "mail_user": "mail_user", "notify_url": "notify_url", "export": "export", "recorded": "recorded",
+}
+
+
+def _default(column: str):
+    f = Job.model_fields[column]
+    return f.default_factory() if f.default_factory is not None else f.default
+
+
+SLURM_DEFAULTS = {c: _default(c) for c in SLURM_FIELDS.values()}
 
 
 @dataclass(frozen=True)
@@ -63,8 +84,10 @@ class JobFilter:
 
 class JobService:
     def __init__(self, store: StateStore, lifecycle: JobLifecycle, links: NodeLinks, clock: Clock,
-                 policy: PolicyConfig, wake, submitted=lambda queue, n: None):
+                 policy: PolicyConfig, wake, submitted=lambda queue, n: None,
+                 aliases: dict[str, str] | None = None):
         self.submitted = submitted
+        self.aliases = dict(aliases or {})  # partition name -> queue ([queues.X] aliases)
         self.store = store
         self.lifecycle = lifecycle
         self.links = links
@@ -110,7 +133,11 @@ class JobService:
         with self.store.tx() as s:
             queue = self._queue(s, req.queue)
             self._check_fits(s, req)
-            limit = req.time_limit_s or queue.default_time_limit_s or self.policy.default_time_limit_s
+            self._check_nodes(s, req)
+            if req.time_limit_s == "UNLIMITED":  # Slurm: the partition's maximum, if it has one
+                limit = queue.max_time_limit_s
+            else:
+                limit = req.time_limit_s or queue.default_time_limit_s or self.policy.default_time_limit_s
             limit = int(limit) if limit else None
             if queue.max_time_limit_s and limit and limit > queue.max_time_limit_s:
                 raise Conflict(f"time_limit: {limit}s is over queue {queue.name!r}'s maximum of "
@@ -132,8 +159,13 @@ class JobService:
                 eligible_time=now, constraint=req.constraint or {}, exclusive=req.exclusive,
                 nice=req.nice, account=req.account or "", allocation=[], kill_reason="",
                 attained_gpu_s=0.0, array_task_id=tasks[0], array_parent=None,
-                array_limit=limit_tasks if req.array else None,
+                array_limit=limit_tasks if req.array else None, array_spec=req.array or "",
+                **SLURM_DEFAULTS,
+                **{SLURM_FIELDS[k]: v for k, v in req.slurm.items() if k in SLURM_FIELDS and v is not None},
             )
+            if req.slurm.get("begin") and req.slurm["begin"] > now:
+                values["eligible_time"] = req.slurm["begin"]
+                values["reason"] = values["reason"] or "BeginTime"
             table = Job.__table__
             first = s.execute(insert(table), values).inserted_primary_key[0]
             if req.array:
@@ -162,13 +194,32 @@ class JobService:
         raise Forbidden(f"account: {caller.user} is not a member of team {account!r} (their team: {own}); "
                         "only operators may charge another team", "account")
 
-    @staticmethod
-    def _queue(s: Session, name: str) -> Queue:
-        queue = s.get(Queue, name)
+    def _queue(self, s: Session, name: str) -> Queue:
+        """A queue by its name or one of its partition aliases."""
+        queue = s.get(Queue, self.aliases.get(name, name))
         if queue is None:
             names = ", ".join(q.name for q in s.exec(select(Queue).order_by(Queue.name)).all())
-            raise NotFound(f"queue: unknown queue {name!r}; queues: {names}", "queue")
+            aliases = ", ".join(f"{a} (= {q})" for a, q in sorted(self.aliases.items()))
+            raise NotFound(f"queue: unknown queue (partition) {name!r}; queues: {names}"
+                           + (f"; aliases: {aliases}" if aliases else ""), "queue")
         return queue
+
+    @staticmethod
+    def _check_nodes(s: Session, req: JobRequest) -> None:
+        """-w names nodes that exist; -C names features some registered node has (Slurm refuses both)."""
+        nodes = {n.name: n.labels for n in s.exec(select(Node)).all()}
+        missing = [n for n in req.slurm.get("nodelist") or () if n not in nodes]
+        if missing:
+            raise NotFound(f"nodelist: no node named {', '.join(missing)}; `trainyard nodes` lists them",
+                           "nodelist")
+        expr = req.slurm.get("features")
+        if expr and nodes:
+            from ..slurm.features import satisfies
+
+            if not any(satisfies(expr, dict(labels)) for labels in nodes.values()):
+                raise Conflict(f"features: no node has the features {expr!r} (Slurm: Invalid feature "
+                               "specification); node features are labels: `trainyard node add --label`",
+                               "features")
 
     @staticmethod
     def _check_fits(s: Session, req: JobRequest) -> None:

@@ -24,6 +24,45 @@ def parse_key(key: str) -> tuple[int, int]:
     return int(a), int(b or 0)
 
 
+# signals a job may ask for ahead of its end: those the agent delivers, but never KILL
+ADVANCE_SIGNALS = {"TERM": 15, "INT": 2, "USR1": 10, "HUP": 1}
+DEFAULT_SIGNAL_S = 60  # Slurm's default when --signal names no time
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    """Slurm's --signal=[{R|B}:]SIG[@SECONDS]: SIG that many seconds before the time limit."""
+
+    sig: str
+    seconds: int = DEFAULT_SIGNAL_S
+    batch_only: bool = False  # B: Slurm signals only the batch shell; here the whole job gets it
+
+    @classmethod
+    def parse(cls, text: str) -> SignalSpec:
+        """ValueError says what is wrong with the value and what is accepted."""
+        raw = str(text).strip()
+        spec, batch = raw, False
+        if spec[:2].upper() in ("B:", "R:"):
+            batch, spec = spec[0].upper() == "B", spec[2:]
+        sig, _, secs = spec.partition("@")
+        name = sig.strip().upper().removeprefix("SIG")
+        if name.isdigit():
+            name = next((k for k, v in ADVANCE_SIGNALS.items() if v == int(name)), name)
+        if name not in ADVANCE_SIGNALS:
+            raise ValueError(f"signal {raw!r}: unknown signal {sig!r}; use one of "
+                             f"{', '.join(ADVANCE_SIGNALS)} (by name or number), e.g. USR1@120")
+        if secs and not (secs.isdigit() and 0 <= int(secs) <= 65535):
+            raise ValueError(f"signal {raw!r}: {secs!r} is not a number of seconds (0-65535)")
+        return cls(name, int(secs) if secs else DEFAULT_SIGNAL_S, batch)
+
+
+def signal_spec(job: Job) -> SignalSpec | None:
+    try:
+        return SignalSpec.parse(job.signal) if job.signal else None
+    except ValueError:  # refused at submit; a stored bad value never stops housekeeping
+        return None
+
+
 @dataclass(frozen=True)
 class RankExit:
     rc: int | None
@@ -60,13 +99,23 @@ class JobLifecycle:
                 self.links.send(a["node"], {"op": "signal", "key": job_key(job), "sig": sig})
 
     def kill(self, s: Session, job: Job, why: str) -> None:
-        """Ask a running job to stop: SIGTERM now, SIGKILL after the grace period."""
+        """Ask a running job to stop: SIGTERM now, SIGKILL after the grace period.
+
+        A preempted job that asked for --signal gets that signal instead of SIGTERM at the start
+        of its grace period, so it can checkpoint; SIGKILL still ends the period."""
         if job.kill_reason in ("cancel", "timeout") and why != "cancel":
             return
         if why != "preempt":
             job.kill_grace_s = None
         job.kill_reason, job.kill_time = why, self.clock.time()
         s.add(job)
+        spec = signal_spec(job) if why == "preempt" else None
+        if spec is not None:
+            grace = self.kill_grace_s if job.kill_grace_s is None else job.kill_grace_s
+            self.signal(job, spec.sig)
+            self.store.record(s, "trainyard", "job.signal", str(job.id),
+                              {"sig": spec.sig, "why": "preemption", "deadline": job.kill_time + grace})
+            return
         self.signal(job, "TERM")
 
     # ---------------------------------------------------------------- ends
@@ -95,7 +144,8 @@ class JobLifecycle:
         """The daemon gives up on a node: the job ends NODE_FAIL (requeued if retries allow)."""
         job.kill_reason, job.reason = "node_fail", why
         self.signal(job, "KILL", skip={node})
-        self.finish(s, job, {a["node"]: RankExit(None, lost=True) for a in job.allocation})
+        # the ranks elsewhere were killed, not lost: only `node` is excluded from the rerun
+        self.finish(s, job, {a["node"]: RankExit(None, lost=a["node"] == node) for a in job.allocation})
 
     def finish(self, s: Session, job: Job, exits: dict[str, RankExit], end_time: float | None = None) -> None:
         """All ranks have ended: decide the final state, requeue where allowed, free the nodes."""
@@ -125,7 +175,11 @@ class JobLifecycle:
         elif state in (m.FAILED, m.NODE_FAIL, m.OUT_OF_MEMORY) and job.failures < job.retries:
             self.store.set_state(s, job, state, reason, exit_code=job.exit_code)
             job.failures += 1
-            self.requeue(s, job, f"retry {job.failures} of {job.retries} after {state}")
+            why = f"retry {job.failures} of {job.retries} after {state}"
+            if state == m.NODE_FAIL and lost:  # rerun on the healthy nodes plus a replacement
+                job.exclude = sorted(set(job.exclude or ()) | set(lost))
+                why += f", excluding {', '.join(lost)}"
+            self.requeue(s, job, why)
         else:
             self.store.set_state(s, job, state, reason, exit_code=job.exit_code)
             job.kill_reason = ""
@@ -162,6 +216,7 @@ class JobLifecycle:
         job.end_time = None
         job.kill_reason = ""
         job.kill_time = None
+        job.signal_time = None
         job.exit_code = None
         job.eligible_time = self.clock.time()
         self.store.set_state(s, job, m.PENDING, why)
@@ -201,3 +256,17 @@ class JobLifecycle:
                   and now - job.start_time > job.time_limit_s):
                 self.kill(s, job, "timeout")
                 self.store.record(s, "trainyard", "job.timeout", str(job.id), {"limit_s": job.time_limit_s})
+            elif not job.kill_reason and job.time_limit_s and job.start_time and job.signal_time is None:
+                self._advance_signal(s, job, now)
+
+    def _advance_signal(self, s: Session, job: Job, now: float) -> None:
+        """--signal: SIG once per attempt, SECONDS before the time limit."""
+        spec = signal_spec(job)
+        deadline = job.start_time + job.time_limit_s
+        if spec is None or now < deadline - spec.seconds:
+            return
+        job.signal_time = now
+        s.add(job)
+        self.signal(job, spec.sig)
+        self.store.record(s, "trainyard", "job.signal", str(job.id),
+                          {"sig": spec.sig, "why": "time limit", "deadline": deadline})

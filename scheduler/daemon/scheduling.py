@@ -32,6 +32,7 @@ from .links import NodeLinks
 from .state import StateStore
 
 log = logging.getLogger("trainyard.daemon")
+BEGIN_TIME = "BeginTime"  # Slurm's reason for a job whose --begin has not come
 
 # Columns the planner needs, read as plain Core rows: hydrating ORM objects for thousands of
 # pending jobs per cycle costs more than the planning itself.
@@ -40,7 +41,7 @@ VIEW_COLUMNS = (_T.id, _T.user, _T.queue, _T.name, _T.gpus, _T.nodes, _T.cpus, _
                 _T.gpu_type, _T.priority, _T.submit_time, _T.state, _T.held, _T.time_limit_s,
                 _T.start_time, _T.allocation, _T.dependency, _T.constraint, _T.exclusive,
                 _T.nice, _T.account, _T.array_parent, _T.array_limit, _T.attained_gpu_s,
-                _T.kill_reason, _T.kill_time, _T.attempt)
+                _T.kill_reason, _T.kill_time, _T.attempt, _T.features, _T.nodelist, _T.exclude)
 # pending jobs hold no allocation: skip decoding that JSON column for them
 PENDING_COLUMNS = tuple(literal_column("NULL").label("allocation") if c.name == "allocation" else c
                         for c in VIEW_COLUMNS)
@@ -59,6 +60,7 @@ def job_view(r) -> JobView:
         nice=x["nice"], account=x["account"], array_parent=x["array_parent"],
         array_limit=x["array_limit"], attained_gpu_s=x["attained_gpu_s"],
         preempted_at=x["kill_time"] if x["kill_reason"] == "preempt" else None,
+        features=x["features"] or "", nodelist=tuple(x["nodelist"] or ()), exclude=tuple(x["exclude"] or ()),
     )
 
 
@@ -91,7 +93,7 @@ class SchedulingCycle:
         self._wake.set()
 
     # ---------------------------------------------------------------- 1. snapshot
-    def pending_views(self, s: Session) -> tuple[list[JobView], dict[int, tuple]]:
+    def pending_views(self, s: Session, now: float | None = None) -> tuple[list[JobView], dict[int, tuple]]:
         """The pending jobs as JobViews, decoded only when new or changed since the last cycle.
 
         While a job stays PENDING only its priority and hold can change; a requeue bumps its
@@ -100,6 +102,16 @@ class SchedulingCycle:
         t = _T
         light = s.connection().execute(sa_select(t.id, t.attempt, t.priority, t.held, t.reason,
                                                  t.estimated_start).where(t.state == m.PENDING)).all()
+        if now is not None:  # --begin: not a candidate before its time (Slurm's BeginTime)
+            later = s.connection().execute(sa_select(t.id, t.reason).where(
+                t.state == m.PENDING, t.eligible_time > now, t.held == "")).all()
+            if later:
+                skip = {jid for jid, _ in later}
+                light = [r for r in light if r[0] not in skip]
+                waiting = [jid for jid, reason in later if reason != BEGIN_TIME]
+                if waiting:
+                    s.execute(update(Job.__table__).where(Job.__table__.c.id.in_(waiting))
+                              .values(reason=BEGIN_TIME))
         cache, fresh = self._pending_cache, {}
         missing = []
         for jid, attempt, prio, held, _reason, _est in light:
@@ -117,7 +129,7 @@ class SchedulingCycle:
         return views, {jid: (reason, est, held) for jid, _a, _p, held, reason, est in light}
 
     def snapshot(self, s: Session, now: float) -> tuple[Snapshot | None, dict[int, tuple]]:
-        pending, rows = self.pending_views(s)
+        pending, rows = self.pending_views(s, now)
         if not pending:
             return None, {}
         nodes = s.exec(select(Node)).all()

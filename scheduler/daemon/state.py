@@ -56,6 +56,8 @@ class StateStore:
         self.active = ActiveIndex()
         self.subscribers: set[asyncio.Queue] = set()
         self.on_job_state: list[Callable[[Job, str], None]] = []  # metrics, notifications
+        # set by the leadership: aborts a write transaction of a daemon that does not lead
+        self.fence: Callable[[object], None] | None = None
 
     def load_index(self) -> None:
         t = Job.__table__.c
@@ -73,6 +75,8 @@ class StateStore:
         s.info["events"] = events
         s.info["after"] = after
         try:
+            if self.fence is not None:
+                self.fence(s.connection())
             yield s
             s.commit()
         except BaseException:

@@ -23,6 +23,12 @@ def job_json(j, viewer: Caller | None = None) -> dict[str, Any]:
         "submit_time": j.submit_time, "start_time": j.start_time, "end_time": j.end_time,
         "exit_code": j.exit_code, "estimated_start": j.estimated_start,
         "allocation": [{"node": a["node"], "gpus": a["gpus"]} for a in j.allocation or ()],
+        "ntasks": j.ntasks, "ntasks_per_node": j.ntasks_per_node, "cpus_per_task": j.cpus_per_task,
+        "features": j.features or None, "nodelist": list(j.nodelist or ()), "exclude": list(j.exclude or ()),
+        "output": j.output or None, "error": j.error or None, "signal": j.signal or None,
+        "requeue": bool(j.requeue), "begin": j.begin_time, "qos": j.qos or None, "comment": j.comment or None,
+        "mail_type": list(j.mail_type or ()), "mail_user": j.mail_user or None,
+        "recorded": dict(j.recorded or {}),
     }
 
 

@@ -14,6 +14,7 @@ from .types import (
     PRIORITY,
     QUEUE_STOPPED,
     QUOTA_LIMIT,
+    REQ_NODE_NOT_AVAIL,
     RESOURCES,
     Decisions,
     JobView,
@@ -27,7 +28,7 @@ from .types import (
 
 __all__ = [
     "ARRAY_TASK_LIMIT", "BAD_CONSTRAINT", "DEPENDENCY", "DEPENDENCY_NEVER_SATISFIED", "HELD",
-    "PRIORITY", "QUEUE_STOPPED", "QUOTA_LIMIT", "RESOURCES",
+    "PRIORITY", "QUEUE_STOPPED", "QUOTA_LIMIT", "REQ_NODE_NOT_AVAIL", "RESOURCES",
     "DEFAULT_POLICY", "PRESETS", "Decisions", "JobView", "NodeView", "PolicyConfig", "Preempt",
     "PriorityWeights", "QueuePolicy", "QueueView", "Snapshot", "Start", "TeamQuota",
     "UsageLedger", "Wait",

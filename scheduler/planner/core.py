@@ -28,6 +28,7 @@ from .types import (
     PRIORITY,
     QUEUE_STOPPED,
     QUOTA_LIMIT,
+    REQ_NODE_NOT_AVAIL,
     RESOURCES,
     Decisions,
     JobView,
@@ -112,6 +113,7 @@ class _Pass:
         self.never: dict[tuple, bool] = {}
         self.plain_keys: dict[str, tuple] = {}  # queue -> eligibility of unconstrained jobs
         self.remaining: dict[int, float] = {}  # running job -> service left (SRSF)
+        self.leaving_eta: float | None = None  # when GPUs of jobs being preempted are back
         self.net: dict[int, float] = {}  # running job -> service left net of its grace period
         self.srsf_failed: dict[tuple, float] = {}  # gang shape -> least need that found no victims
 
@@ -142,8 +144,21 @@ class _Pass:
         if self.releases is None:
             r = Releases()
             events = []
+            ends: dict[tuple, float] = {}
             for job in self.s.running:
-                end = self.expected_end(job)
+                # most running jobs share their queue's rules and have no prediction or
+                # preemption: their end follows from the start and the limit alone
+                if job.preempted_at is None and (job.predicted_runtime_s is None
+                                                 or not self.policy.backfill_on_prediction):
+                    rules = self.queue_rules(job.queue)
+                    key = (job.queue, job.time_limit_s)
+                    limit = ends.get(key)
+                    if limit is None:
+                        limit = ends[key] = time_limit(job, rules)
+                    end = INF if limit is None or job.start_time is None else \
+                        max(job.start_time + limit, self.now)
+                else:
+                    end = self.expected_end(job)
                 if end == INF:
                     continue
                 for name, gpus in job.allocation:
@@ -189,7 +204,7 @@ class _Pass:
                       f"array {parent} already runs {self.array_running[parent]} of at most "
                       f"{job.array_limit} tasks at once")
             return None
-        if job.constraint or job.gpu_type:
+        if job.constraint or job.gpu_type or job.features or job.nodelist or job.exclude:
             ekey = eligibility(job, rules.selector)
         else:
             ekey = self.plain_keys.get(job.queue)
@@ -201,9 +216,7 @@ class _Pass:
         if ok is None:
             ok = self.never[shape] = pool.could_ever_fit(job.gpus, job.nodes)
         if not ok:
-            self.wait(job, BAD_CONSTRAINT,
-                      f"no {job.nodes} schedulable node(s) with {job.gpus} GPUs match "
-                      f"queue {job.queue}'s nodes, --gpu-type and --constraint")
+            self.wait(job, *no_nodes_reason(job, rules.selector))
             return None
         return pool, shape
 
@@ -351,10 +364,11 @@ class _Pass:
         return self.d
 
     def left(self, v: JobView) -> float:
-        """A running job's remaining service (SRSF), computed once per pass."""
+        """A running job's remaining service (SRSF), computed once per pass. A job that has
+        outlived its estimate counts as having none left: evicting it is a gamble, not a gain."""
         x = self.remaining.get(v.id)
         if x is None:
-            x = self.remaining[v.id] = remaining_service(v, self.now, self.policy)
+            x = self.remaining[v.id] = remaining_service(v, self.now, self.policy, False)
         return x
 
     def net_left(self, v: JobView) -> float:
@@ -372,7 +386,7 @@ class _Pass:
             g = grace.get(v.queue)
             if g is None:
                 g = grace[v.queue] = policy.grace_for(v)
-            left = remaining[v.id] = remaining_service(v, now, policy)
+            left = remaining[v.id] = remaining_service(v, now, policy, False)
             net[v.id] = left - g * v.gpus * v.nodes
 
     def decided(self) -> set[int]:
@@ -497,7 +511,21 @@ class _Pass:
                       deadline)
             return True
         # enough GPUs are already on their way back from earlier preemptions
-        pending = [v for v in self.s.running if v.preempted_at is not None]
-        eta = max((self.expected_end(v) for v in pending), default=now)
-        self.wait(job, RESOURCES, "waiting for preempted jobs to leave", eta)
+        if self.leaving_eta is None:
+            self.leaving_eta = max((self.expected_end(v) for v in self.s.running
+                                    if v.preempted_at is not None), default=now)
+        self.wait(job, RESOURCES, "waiting for preempted jobs to leave", self.leaving_eta)
         return True
+
+
+def no_nodes_reason(job: JobView, selector) -> tuple[str, str]:
+    """Why no node can take a job now, in Slurm's words: its named nodes are unavailable
+    (ReqNodeNotAvail), its constraints match no schedulable node (BadConstraints), or, with no
+    constraint at all, the nodes that could hold it are down, drained or too small (Resources)."""
+    size = f"{job.nodes} schedulable node(s) with {job.gpus} GPUs"
+    if job.nodelist:
+        return REQ_NODE_NOT_AVAIL, f"no {size} among the requested nodes {','.join(job.nodelist)}"
+    if job.constraint or job.gpu_type or job.features or job.exclude or selector:
+        return BAD_CONSTRAINT, (f"no {size} match queue {job.queue}'s nodes, --gpu-type and "
+                                "--constraint")
+    return RESOURCES, f"no {size} now (nodes down, drained or too small)"

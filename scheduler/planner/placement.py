@@ -5,23 +5,30 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from ..slurm.features import satisfies
 from .types import JobView, NodeView
 
 INF = math.inf
 
 
 def eligibility(job: JobView, selector: Mapping[str, str]) -> tuple:
-    """The key of the node set a job may use: its GPU type and label constraints (queue's too)."""
+    """The key of the node set a job may use: its GPU type, label constraints (queue's too),
+    feature expression, and the nodes it must or must not use."""
     labels = dict(selector)
     labels.update(job.constraint)
-    return ((job.gpu_type or "").lower(), tuple(sorted(labels.items())))
+    return ((job.gpu_type or "").lower(), tuple(sorted(labels.items())), job.features,
+            tuple(sorted(job.nodelist)), tuple(sorted(job.exclude)))
 
 
 def node_matches(node: NodeView, key: tuple) -> bool:
-    gpu_type, labels = key
+    gpu_type, labels, features, only, never = key
     if not node.schedulable:
         return False
     if gpu_type and gpu_type not in node.gpu_model.lower():
+        return False
+    if (only and node.name not in only) or node.name in never:
+        return False
+    if features and not satisfies(features, node.labels):
         return False
     return all(node.labels.get(k) == v for k, v in labels)
 

@@ -31,20 +31,21 @@ def las_level(service_gpu_s: float, thresholds: Sequence[float]) -> int:
 UNKNOWN_RUNTIME_S = 86400.0
 
 
-def remaining_service(job: JobView, now: float, policy: PolicyConfig) -> float:
+def remaining_service(job: JobView, now: float, policy: PolicyConfig,
+                      outlived: bool = True) -> float:
     """GPU-seconds the job still needs: its predicted (else limited) run time less its service,
-    or, once it has outlived that, as much again as it has had."""
+    or, once it has outlived that, as much again as it has had (with `outlived`; else none)."""
     runtime = job.predicted_runtime_s
     if runtime is None:
         runtime = job.time_limit_s
     if runtime is None:
         runtime = policy.default_time_limit_s or UNKNOWN_RUNTIME_S
     total, done = runtime * job.gpus * job.nodes, attained(job, now)
-    if done >= total > 0:
+    if done >= total > 0 and outlived:
         # it has outlived its estimate: with heavy-tailed run times, a job is expected to run
         # about as long again as it already has
         return done
-    return total - done
+    return max(0.0, total - done)
 
 
 def order_runs(policy: PolicyConfig, queues: Mapping[str, QueueView]):

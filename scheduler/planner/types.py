@@ -11,12 +11,14 @@ EMPTY: Mapping = MappingProxyType({})
 # Pending reasons, in Slurm's words.
 PRIORITY = "Priority"
 RESOURCES = "Resources"
-QUOTA_LIMIT = "QuotaLimit"
+QUOTA_LIMIT = "AssocGrpGRES"  # the team (account) is at its GPU quota
 DEPENDENCY = "Dependency"
 HELD = "Held"
-QUEUE_STOPPED = "QueueStopped"
+QUEUE_STOPPED = "PartitionInactive"
 DEPENDENCY_NEVER_SATISFIED = "DependencyNeverSatisfied"
-BAD_CONSTRAINT = "BadConstraint"
+BAD_CONSTRAINT = "BadConstraints"
+# the nodes a job asked for (-w) cannot take it now
+REQ_NODE_NOT_AVAIL = "ReqNodeNotAvail"
 # an array task waits because its array already runs `%N` tasks (Slurm's word)
 ARRAY_TASK_LIMIT = "JobArrayTaskLimit"
 
@@ -69,6 +71,11 @@ class JobView:
     array_limit: int | None = None
     attained_gpu_s: float = 0.0  # GPU-seconds of service already received (LAS)
     preemptible: bool = True
+    # Slurm's node selection: a feature expression (-C a100&ib, [a|b]; node labels are features),
+    # nodes the job must use (-w) and nodes it must not (-x); "" and () for none
+    features: str = ""
+    nodelist: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
     # running jobs only: when SIGTERM was sent for a preemption (None: not being preempted).
     # The planner treats the job's GPUs as freed at preempted_at + grace period.
     preempted_at: float | None = None

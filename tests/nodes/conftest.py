@@ -7,7 +7,8 @@ plus /dev/nvidiactl), and one shared directory is bind-mounted as root's home: t
 logging in as root share that home, as nodes with NFS homes do. /etc and /home stay the
 machine's, so the accounts alice and bob (created here, removed after) exist on every node.
 
-The tests drive scheduler.nodes.NodeLink, the daemon's own link code, against these nodes.
+The tests drive scheduler.nodes.NodeLink, the daemon's own link code, against these nodes, or
+a real daemon process (tests.conftest.DaemonProc) with a `[users]` map, through its API and CLI.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.nodes import NodeLink, SshSettings, SshTarget
-from tests.conftest import SSHD, free_port, require_or_skip, wait_for
+from tests.conftest import SSHD, TEST_CONFIG, DaemonProc, free_port, require_or_skip, wait_for
 
 TEST_BASE = Path("/var/lib/trainyard-tests")  # outside /tmp and /var/tmp, which nodes mask
 USERS = ("alice", "bob")
@@ -58,17 +59,24 @@ def users():
             pwd.getpwnam(name)
         except KeyError:
             subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
+            # no password, but not locked ("!"): sshd without PAM refuses locked accounts' keys
+            subprocess.run(["usermod", "-p", "*", name], check=True, capture_output=True)
             made.append(name)
     yield {name: pwd.getpwnam(name) for name in USERS}
     for name in made:
         subprocess.run(["userdel", "-r", name], capture_output=True)
 
 
-@pytest.fixture
-def base():
+def make_base() -> Path:
     TEST_BASE.mkdir(mode=0o755, exist_ok=True)
     d = Path(tempfile.mkdtemp(prefix="t-", dir=TEST_BASE))
     os.chmod(d, 0o755)
+    return d
+
+
+@pytest.fixture
+def base():
+    d = make_base()
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -81,20 +89,32 @@ def client_key(base):
     return key
 
 
+def tally_dir(base: Path) -> Path:
+    """Where jobs count their runs: seen by every node (not masked like /tmp and /var/tmp) and
+    writable by every job's account."""
+    d = base / "tally"
+    d.mkdir(mode=0o1777)
+    os.chmod(d, 0o1777)
+    return d
+
+
 class Node:
     """One node: sshd as root in its own mount namespace (see the module's docstring)."""
 
     def __init__(self, base: Path, name: str, client_pub: str, home: Path, gpus: int = 4,
-                 sftp: bool = True, path: str = "/usr/local/bin:/usr/bin:/bin"):
+                 sftp: bool = True, path: str = "/usr/local/bin:/usr/bin:/bin", setup: str = ""):
         self.name = f"{name}-{uuid.uuid4().hex[:6]}"  # cgroups are named by node: keep them apart
         self.dir = base / name
-        self.dir.mkdir(mode=0o700)
+        self.dir.mkdir(mode=0o711)  # sshd reads authorized_keys as the logging-in account
+        os.chmod(self.dir, 0o711)
         self.port = free_port()
         self.home, self.gpus, self.sftp, self.path = home, gpus, sftp, path
+        self.setup = setup  # more shell run in the node's namespace before sshd starts
         self.host_key = self.dir / "host_ed25519"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.host_key)],
                        check=True)
         (self.dir / "authorized_keys").write_text(client_pub)
+        os.chmod(self.dir / "authorized_keys", 0o644)
         self.proc: subprocess.Popen | None = None
         self.mntns = ""
 
@@ -106,6 +126,7 @@ class Node:
             mount -t tmpfs -o mode=1777 tmpfs /tmp
             mount -t tmpfs -o mode=1777 tmpfs /var/tmp
             mount -t tmpfs -o mode=755 tmpfs /var/lib/trainyard
+            mount -t tmpfs -o mode=755 tmpfs /usr/local/lib/trainyard
             mount --bind {self.home} /root
             mount -t tmpfs -o mode=755 tmpfs /dev
             """) + devices + "\n" + gpus + "\n" + textwrap.dedent(f"""\
@@ -115,6 +136,7 @@ class Node:
             ln -s /proc/self/fd/1 /dev/stdout
             ln -s /proc/self/fd/2 /dev/stderr
             mkdir /dev/shm /dev/pts
+            {self.setup}
             exec {SSHD} -D -e -f {self.dir}/sshd_config
             """)
 
@@ -137,7 +159,8 @@ class Node:
 
     def start(self) -> Node:
         Path("/run/sshd").mkdir(exist_ok=True)
-        Path("/var/lib/trainyard").mkdir(exist_ok=True)  # the mount point of the node's tmpfs
+        for point in ("/var/lib/trainyard", "/usr/local/lib/trainyard"):  # the node's own tmpfs
+            Path(point).mkdir(parents=True, exist_ok=True)
         self.config()
         self.proc = subprocess.Popen(
             ["unshare", "-m", "--propagation", "private", "sh", "-c", self.script()],
@@ -199,8 +222,9 @@ def shared_home(base):
 def node_factory(base, client_key, shared_home, users):
     made: list[Node] = []
 
-    def make(name: str = "n1", **kw) -> Node:
-        node = Node(base, name, (client_key.with_suffix(".pub")).read_text(), shared_home, **kw)
+    def make(name: str = "n1", authorized: str = "", **kw) -> Node:
+        node = Node(base, name, authorized or (client_key.with_suffix(".pub")).read_text(),
+                    shared_home, **kw)
         made.append(node)
         return node.start()
 
@@ -213,12 +237,12 @@ class Link:
     """NodeLink, the daemon's link code, on an event loop of its own, for synchronous tests."""
 
     def __init__(self, node: Node, key: Path, base: Path, agent_dir: str = "", gpus: int = 4,
-                 min_uid: int = 1000):
+                 min_uid: int = 1000, user: str = "root", privilege: str = "login"):
         self.known_hosts = base / f"known_hosts-{node.name}"
         pub = Path(str(node.host_key) + ".pub").read_text().split()
         self.known_hosts.write_text(f"[127.0.0.1]:{node.port} {pub[0]} {pub[1]}\n")
-        self.target = SshTarget(node.name, "127.0.0.1", node.port, "root", str(key), agent_dir,
-                                gpus, "Test GPU", min_uid)
+        self.target = SshTarget(node.name, "127.0.0.1", node.port, user, str(key), agent_dir,
+                                gpus, "Test GPU", min_uid, privilege)
         self.settings = SshSettings(str(self.known_hosts), connect_timeout_s=5,
                                     keepalive_interval_s=1, keepalive_count_max=3,
                                     reconnect_max_backoff_s=0.5, telemetry_interval_s=0)
@@ -245,11 +269,15 @@ class Link:
 
     def wait_up(self, timeout: float = 20.0) -> dict:
         deadline = time.monotonic() + timeout
+        error = ""
         while time.monotonic() < deadline:
-            up, error = self.wait_state(deadline - time.monotonic())
+            try:
+                up, error = self.states.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                break
             if up:
                 return self.wait_for("hello")
-        raise AssertionError("the node did not come up")
+        raise AssertionError(f"the node did not come up; last reason: {error or 'none'}")
 
     def wait_down_reason(self, timeout: float = 20.0) -> str:
         up, error = self.wait_state(timeout)
@@ -306,3 +334,25 @@ def job_pids(node: Node, marker: str) -> list[int]:
             if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                 out.append(pid)
     return out
+
+
+# ----------------------------------------------------------------------------- through a daemon
+def start_daemon(base: Path, users: dict[str, str], grace: float = 3.0) -> DaemonProc:
+    """A real daemon whose `[users]` map is `users` (and nothing else: no catch-all account)."""
+    where = base / "daemon"
+    where.mkdir(exist_ok=True)
+    d = DaemonProc(where, grace=grace)
+    table = "".join(f'"{k}" = "{v}"\n' for k, v in users.items())
+    d.config.write_text(TEST_CONFIG.format(grace=grace) + "\n[users]\n" + table)
+    return d.start()
+
+
+def add_node(d: DaemonProc, node: Node, gpus: int = 4, up: bool = True, **extra) -> dict:
+    """Register a node with the daemon as root@127.0.0.1; wait until it is UP (when `up`)."""
+    c = d.client()
+    c.add_node({"name": node.name, "address": "127.0.0.1", "port": node.port, "user": "root",
+                "accept_new_host_key": True, "gpus": gpus, "gpu_model": "Test GPU", **extra})
+    if not up:
+        return c.node(node.name)
+    return wait_for(lambda: (n := c.node(node.name))["state"] == "UP" and n, 30,
+                    what=f"node {node.name} UP")

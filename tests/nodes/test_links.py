@@ -3,8 +3,11 @@
 import json
 import os
 import stat
+import subprocess
+import sys
 
 from scheduler.nodes import agent_bundle
+from scheduler.protocol import PROTOCOL_VERSION
 
 
 def test_two_nodes_sharing_a_home_keep_separate_state(node_factory, link_factory, shared_home):
@@ -32,7 +35,7 @@ def test_an_agent_dir_shared_with_another_node_is_refused_with_the_reason(node_f
 def test_a_node_without_sftp_gets_the_agent_over_an_exec_channel(node_factory, link_factory):
     node = node_factory(sftp=False)
     hello = link_factory(node).wait_up()
-    assert hello["protocol"] == 2
+    assert hello["protocol"] == PROTOCOL_VERSION
     _, digest = agent_bundle()
     mode = node.run(f"stat -c %a /var/lib/trainyard/agent-{digest}.pyz").stdout.strip()
     assert mode == "600"
@@ -80,4 +83,31 @@ def test_an_agent_of_another_protocol_version_is_replaced(node_factory, link_fac
     old = '#!/usr/bin/env python3\nprint(\'{"ev": "hello", "protocol": 1}\', flush=True)\n'
     node.run(f"mkdir -p /var/lib/trainyard && cat > /var/lib/trainyard/agent-{digest}.pyz <<'EOF'\n{old}EOF")
     link = link_factory(node)
-    assert link.wait_up()["protocol"] == 2
+    assert link.wait_up()["protocol"] == PROTOCOL_VERSION
+
+
+def test_an_agent_dir_that_is_not_writable_is_refused_with_the_reason(node_factory, link_factory, base):
+    ro = base / "read-only"
+    ro.mkdir()
+    node = node_factory(setup=f"mount -t tmpfs -o ro tmpfs {ro}")
+    reason = link_factory(node, agent_dir=f"{ro}/state").wait_down_reason()
+    assert reason == f"cannot create the agent directory {ro}/state: Read-only file system"
+
+
+def test_a_node_without_cgroups_says_it_cannot_fence(node_factory, link_factory):
+    node = node_factory(setup="umount -R -l /sys/fs/cgroup")
+    hello = link_factory(node).wait_up()
+    assert hello["fencing"] == {"cgroup": "none", "devices": False, "memory": False, "cpu": False,
+                                "pids": False,
+                                "reason": "no cgroup file system is mounted: jobs cannot be fenced"}
+
+
+def test_a_users_map_naming_root_is_refused_when_the_daemon_starts(base):
+    config = base / "trainyard.toml"
+    config.write_text('[users]\nalice = "root"\n')
+    r = subprocess.run([sys.executable, "-m", "scheduler.cli", "daemon", "--config", str(config),
+                        "--listen", "127.0.0.1:1"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "HOME": str(base), "TRAINYARD_HOME": str(base / "state")})
+    assert r.returncode == 2
+    assert "users.alice" in r.stderr
+    assert "jobs never run as 'root'; map the user to their own Unix account" in r.stderr

@@ -2,13 +2,15 @@
 
 import signal
 
+from scheduler.protocol import PROTOCOL_VERSION
+
 from tests.nodes.conftest import job_pids
 
 
 def test_the_node_says_how_it_fences_and_whose_jobs_it_runs(node_factory, link_factory):
     node = node_factory()
     hello = link_factory(node).wait_up()
-    assert hello["protocol"] == 2 and hello["user"] == "root" and hello["jobs_as_owners"] is True
+    assert hello["protocol"] == PROTOCOL_VERSION and hello["user"] == "root" and hello["jobs_as_owners"] is True
     assert hello["root"] == "/var/lib/trainyard"
     assert hello["fencing"] == {"cgroup": "v1", "devices": True, "memory": True, "cpu": True,
                                 "pids": True, "reason": ""}
@@ -65,6 +67,7 @@ def test_output_files_are_written_as_the_owner_and_the_agent_keeps_its_copy(
     link = link_factory(node)
     link.wait_up()
     home = users["alice"].pw_dir
+    node.run(f"rm -f {home}/job-7.out {home}/job-7.err")  # left by an earlier run: files append
     link.send(op="launch", key="7.0", job_id=7, user="alice", argv=["sh", "-c", "echo out; echo err >&2"],
               stdout=f"{home}/job-7.out", stderr=f"{home}/job-7.err")
     assert link.wait_for("exited", "7.0")["rc"] == 0

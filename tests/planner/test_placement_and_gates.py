@@ -55,7 +55,7 @@ def test_constraint_and_gpu_type_pick_matching_nodes():
 
 def test_unsatisfiable_constraint_is_reported_not_waited_for_forever():
     d = plan(snap([node("n1")], [job(1, constraint={"zone": "mars"})]), 0.0)
-    assert reason(d, 1) == "BadConstraint"
+    assert reason(d, 1) == "BadConstraints"
 
 
 def test_exclusive_job_needs_an_idle_node_and_blocks_it_for_others():
@@ -88,13 +88,13 @@ def test_held_job_waits_with_held():
 def test_stopped_queue_waits_with_queue_stopped():
     d = plan(snap([node("n1")], [job(1)], queues={"default": QueueView("default", open=False)}),
              0.0)
-    assert reason(d, 1) == "QueueStopped"
+    assert reason(d, 1) == "PartitionInactive"
 
 
 def test_stopped_in_config_when_the_snapshot_has_no_queue_view():
     policy = PolicyConfig(queues={"default": QueuePolicy("default", open=False)})
     d = plan(snap([node("n1")], [job(1)]), 0.0, policy)
-    assert reason(d, 1) == "QueueStopped"
+    assert reason(d, 1) == "PartitionInactive"
 
 
 def test_every_pending_job_gets_exactly_one_decision():

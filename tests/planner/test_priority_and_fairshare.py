@@ -74,7 +74,7 @@ def test_fifo_runs_in_submit_order_and_the_blocked_head_holds_the_queue():
 def test_a_job_that_can_never_fit_says_so_and_does_not_hold_the_queue():
     d = plan(snap([node("n1", gpus=4)], [job(1, gpus=8), job(2, gpus=1)]), 0.0,
              PolicyConfig.preset("fifo"))
-    assert reason(d, 1) == "BadConstraint"  # 8 GPUs never fit on a 4-GPU node
+    assert reason(d, 1) == "Resources"  # 8 GPUs never fit on a 4-GPU node: no constraint, so Resources
     assert started(d) == [2]
 
 

@@ -53,7 +53,7 @@ def test_a_team_over_its_borrowing_limit_waits_with_quota_limit():
     d = plan(snap(NODES, [job(1, gpus=4, account="vision")], run), 0.0, policy)
     assert started(d) == []
     w = wait_of(d, 1)
-    assert w.reason == "QuotaLimit" and "borrowing limit 2" in w.detail
+    assert w.reason == "AssocGrpGRES" and "borrowing limit 2" in w.detail
 
 
 def test_lending_limit_keeps_part_of_a_quota_for_its_team():
@@ -64,20 +64,20 @@ def test_lending_limit_keeps_part_of_a_quota_for_its_team():
     pending = [job(1, gpus=2, account="vision"), job(2, gpus=1, account="vision")]
     d = plan(snap(NODES, pending, run), 0.0, PolicyConfig(teams=teams))
     assert started(d) == [1]
-    assert reason(d, 2) == "QuotaLimit"
+    assert reason(d, 2) == "AssocGrpGRES"
 
 
 def test_team_without_a_cohort_stops_at_its_nominal_quota():
     policy = PolicyConfig(teams={"vision": TeamQuota("vision", nominal_gpus=4)})
     d = plan(snap(NODES, [job(1, gpus=4, account="vision"), job(2, gpus=1, account="vision")]),
              0.0, policy)
-    assert started(d) == [1] and reason(d, 2) == "QuotaLimit"
+    assert started(d) == [1] and reason(d, 2) == "AssocGrpGRES"
 
 
 def test_users_listed_in_a_team_are_charged_to_it():
     policy = PolicyConfig(teams={"vision": TeamQuota("vision", nominal_gpus=2, users=("alice",))})
     d = plan(snap(NODES, [job(1, gpus=4, user="alice")]), 0.0, policy)
-    assert reason(d, 1) == "QuotaLimit"
+    assert reason(d, 1) == "AssocGrpGRES"
 
 
 TIERS = PolicyConfig(queues={"high": QueuePolicy("high", priority=10, preempts=("low",),

@@ -43,6 +43,7 @@ PACKAGES = [
     "python3-packaging",
     "python3-venv",
     "rsync",
+    "sudo",
 ]
 # The agent's Python package, served to the target from a local wheelhouse (air-gapped style).
 AGENT_WHEEL = "nvidia-ml-py==13.615.71"

@@ -140,7 +140,7 @@ def test_constraint_places_the_job_on_matching_nodes(shared_cluster, c):
     job = json.loads(d.cli("submit", "--json", "--constraint", "rack=nowhere", "--", "true", check=True).stdout)
     assert job["constraint"] == {"rack": "nowhere"}
     reason = wait_for(lambda: c.job(job["id"])["reason"], 10, what="a pending reason")
-    assert reason in ("BadConstraint", "Resources")
+    assert reason in ("BadConstraints", "Resources")
     c.cancel(job["id"])
 
 

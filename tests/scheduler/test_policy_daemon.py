@@ -53,8 +53,8 @@ def test_team_quota_holds_jobs_back_with_quotalimit(policy_cluster):
     first = c.submit({"command": ["sleep", "30"], "gpus": 4})
     wait_job(c, first["id"], "RUNNING")
     second = c.submit({"command": ["sleep", "30"], "gpus": 4})
-    waiting = wait_for(lambda: (j := c.job(second["id"]))["reason"] == "QuotaLimit" and j, 15,
-                       what="QuotaLimit")
+    waiting = wait_for(lambda: (j := c.job(second["id"]))["reason"] == "AssocGrpGRES" and j, 15,
+                       what="AssocGrpGRES")
     assert waiting["state"] == "PENDING"
     vision = next(t for t in c.teams() if t["name"] == "vision")
     assert (vision["nominal_gpus"], vision["gpus_used"], vision["running"], vision["pending"]) == (4, 4, 1, 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
@@ -29,8 +30,15 @@ async def cluster(request: Request, d: DaemonDep, who: Who):
 
 @router.get("/healthz", response_model=Health)
 async def healthz(d: DaemonDep):
-    """Liveness (no token): answers while the daemon serves."""
-    return {"ok": True}
+    """Liveness (no token), and which daemon leads: `role` is leader or standby (with why)."""
+    lead = d.leadership
+    out = {"ok": True, "role": lead.role, "url": d.url, "epoch": lead.epoch or None,
+           "reason": lead.reason or None}
+    if lead.postgres and not lead.leading:
+        out["leader"] = (await asyncio.to_thread(lead.leader)).get("url")
+    elif lead.leading:
+        out["leader"] = d.url
+    return out
 
 
 @router.get("/metrics", response_class=Response,

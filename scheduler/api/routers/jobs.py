@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query
 
 from ... import models as m
 from ...daemon import Invalid, JobFilter, JobRequest
+from ...daemon.jobs import SLURM_FIELDS
 from ..deps import DaemonDep, Who
 from ..errors import responses
 from ..schemas import MAX_ID, JobPatch, JobRead, JobSubmit, LogChunk, storable
@@ -50,6 +51,7 @@ async def submit(body: JobSubmit, d: DaemonDep, who: Who):
         time_limit_s=body.time_limit, priority=body.priority, retries=body.retries, dependency=body.after,
         array=body.array, constraint=body.constraint or {}, exclusive=body.exclusive, nice=body.nice,
         account=body.account, env=body.env, workdir=body.workdir, hold=body.hold,
+        slurm={k: getattr(body, k) for k in SLURM_FIELDS if getattr(body, k, None) is not None},
     )
     return Json(d.jobs.submit(who, req), status_code=201)
 
@@ -85,6 +87,9 @@ _action("requeue", "Requeue: a running job is stopped and waits again; a finishe
 async def job_log(job_id: JobId, d: DaemonDep, who: Who,
                   offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
                   rank: Annotated[int, Query(ge=0, le=4096)] = 0,
-                  limit: Annotated[int, Query(ge=1, le=4 * 2**20)] = 65536):
-    """A piece of the job's output from `offset`; users read only their own jobs' logs."""
-    return await d.jobs.log(who, job_id, offset, rank, limit)
+                  limit: Annotated[int, Query(ge=1, le=4 * 2**20)] = 65536,
+                  attempt: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None):
+    """A piece of the job's output (stdout and stderr of one rank) from byte `offset`, as the
+    daemon stored it (the node's copy while nothing is stored yet); `attempt` defaults to the
+    latest run. Users read only their own jobs' logs."""
+    return Json(await d.logs.read(who, job_id, offset, rank, limit, attempt))

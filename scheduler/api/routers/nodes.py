@@ -95,8 +95,9 @@ async def drain_node(name: NodeName, body: DrainBody, d: DaemonDep, who: Operato
 
 
 @router.post("/{name}/resume", response_model=NodeRead, responses=responses(403, 404, 409))
-async def resume_node(name: NodeName, d: DaemonDep, who: Operator):
-    d.inventory.resume(who, name)
+async def resume_node(name: NodeName, d: DaemonDep, who: Operator, force: bool = False):
+    """Back into service through the health gate (409 names a failed check); force skips it, audited."""
+    await d.inventory.resume(who, name, force)
     return Json(d.node_views(name)[0])
 
 

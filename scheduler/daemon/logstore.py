@@ -1,0 +1,319 @@
+"""Central job logs: the agents' output streams, kept per job attempt and rank, and read back.
+
+The agent of each node streams every job's output (stdout and stderr as written) as `output`
+events; this module appends them to `<logs>/<job>/<attempt>/<rank>.out`, acknowledges by
+offset (`output_ack`) and ends a stream (`done`) once its `eof` is stored or the job's
+attempt reached `[logs] max_bytes_per_job`. What arrives twice (an agent resending after a
+daemon restart) is skipped by offset; output for a job the node does not run is dropped and
+audited. A write that fails (a full disk) is not acknowledged, so the node keeps the output
+and resends it; the daemon records the problem once and the jobs run on. Files older than
+`[logs] retention_days` are removed. Readers get the stored output, or the node's copy while
+nothing is stored yet.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..models import Job
+from .caller import Caller
+from .clock import Clock
+from .errors import DomainError, Forbidden, NotFound
+from .lifecycle import parse_key
+from .links import NodeLinks
+from .state import StateStore
+
+log = logging.getLogger("trainyard.logs")
+
+NODES_FILE = "nodes.json"  # rank -> node of one attempt, kept beside its output
+
+
+@dataclass
+class _Stream:
+    """One rank of one attempt as it arrives."""
+
+    path: Path
+    size: int
+    complete: bool
+
+
+class LogStore:
+    """Files under `root`, one directory per job and attempt; the daemon's side of the streams."""
+
+    def __init__(self, root: Path, store: StateStore, links: NodeLinks, clock: Clock,
+                 retention_days: float = 30.0, max_bytes_per_job: int = 1 << 30,
+                 internal: Callable[[str], bool] = lambda key: False):
+        self.root = root
+        self.store = store
+        self.links = links
+        self.clock = clock
+        self.retention_s = retention_days * 86400
+        self.max_bytes = max_bytes_per_job
+        self.internal = internal  # the daemon's own jobs (health checks): their output is not kept
+        self.problem = ""  # why output cannot be stored now ("" when it can)
+        self._owner: dict[tuple[str, str], tuple[int, int, int] | None] = {}
+        self._streams: dict[tuple[int, int, int], _Stream] = {}
+        self._totals: dict[tuple[int, int], int] = {}
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    # ---------------------------------------------------------------- paths
+    def attempt_dir(self, job_id: int, attempt: int) -> Path:
+        return self.root / str(job_id) / str(attempt)
+
+    def rank_path(self, job_id: int, attempt: int, rank: int) -> Path:
+        return self.attempt_dir(job_id, attempt) / f"{rank}.out"
+
+    def ranks(self, job_id: int, attempt: int) -> list[str]:
+        """The node of each rank of an attempt, as recorded when its output first arrived."""
+        try:
+            return json.loads((self.attempt_dir(job_id, attempt) / NODES_FILE).read_text())
+        except (OSError, ValueError):
+            return []
+
+    # ---------------------------------------------------------------- the streams
+    def on_output(self, node: str, msg: dict) -> None:
+        """One `output` event from a node's agent: store it and acknowledge what is held."""
+        key = str(msg.get("key", ""))
+        where = self._owner_of(node, key)
+        if where is None:
+            self._ack(node, key, int(msg.get("offset") or 0), done=True)
+            return
+        st = self._stream(where)
+        if st.complete:
+            self._ack(node, key, st.size, done=True)
+            return
+        try:
+            data = base64.b64decode(str(msg.get("data", "")), validate=True)
+            offset = int(msg.get("offset") or 0)
+        except (binascii.Error, ValueError, TypeError):
+            log.warning("node %s: dropped output of %s that is not base64 at a whole offset", node, key)
+            return
+        if offset > st.size:  # a piece is missing before this one: ask again from what is held
+            self._ack(node, key, st.size)
+            return
+        fresh = data[st.size - offset:]
+        capped = False
+        if fresh:
+            total = self._totals.get(where[:2], 0)
+            room = self.max_bytes - total
+            if len(fresh) > room:
+                fresh, capped = fresh[:max(room, 0)], True
+            if not self._write(st, fresh, node):
+                return  # not acknowledged: the node keeps it and sends it again
+            self._totals[where[:2]] = total + len(fresh)
+        if capped:
+            self._write(st, (f"\ntrainyard: output cut at {self.max_bytes} bytes for this job "
+                             f"([logs] max_bytes_per_job); the rest is on {node} only\n").encode(), node)
+            self._finish(st, where, node, key, "capped")
+        elif msg.get("eof") and offset + len(data) <= st.size:
+            self._finish(st, where, node, key, "eof")
+        else:
+            self._ack(node, key, st.size)
+
+    def _owner_of(self, node: str, key: str) -> tuple[int, int, int] | None:
+        """(job, attempt, rank) of a node's stream; None (audited once) when it is not the node's."""
+        if (node, key) in self._owner:
+            return self._owner[(node, key)]
+        where = None
+        if self.internal(key):
+            return None
+        try:
+            job_id, attempt = parse_key(key)
+        except ValueError:
+            job_id, attempt = -1, -1
+        if job_id > 0 and attempt >= 0:
+            with self.store.read() as s:
+                job = s.get(Job, job_id)
+                current = job is not None and job.attempt == attempt
+                nodes = [a["node"] for a in job.allocation] if current else []
+            recorded = self.ranks(job_id, attempt)
+            if current and node in nodes:
+                if not recorded:
+                    self._record_ranks(job_id, attempt, nodes)
+                where = (job_id, attempt, nodes.index(node))
+            elif node in recorded:  # an earlier attempt of a requeued job, still arriving
+                where = (job_id, attempt, recorded.index(node))
+        if where is None:
+            self.store.audit("trainyard", "log.refused", key[:64],
+                             {"node": node, "why": f"node {node} does not run {key!r}"})
+        self._owner[(node, key)] = where
+        return where
+
+    def _record_ranks(self, job_id: int, attempt: int, nodes: list[str]) -> None:
+        d = self.attempt_dir(job_id, attempt)
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / (NODES_FILE + ".tmp")
+        tmp.write_text(json.dumps(nodes))
+        tmp.replace(d / NODES_FILE)
+
+    def _stream(self, where: tuple[int, int, int]) -> _Stream:
+        st = self._streams.get(where)
+        if st is None:
+            path = self.rank_path(*where)
+            size = path.stat().st_size if path.exists() else 0
+            st = _Stream(path, size, path.with_suffix(".done").exists())
+            self._streams[where] = st
+            if where[:2] not in self._totals:
+                d = self.attempt_dir(*where[:2])
+                self._totals[where[:2]] = sum(p.stat().st_size for p in d.glob("*.out"))
+        return st
+
+    def _write(self, st: _Stream, data: bytes, node: str) -> bool:
+        try:
+            st.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(st.path, "ab") as f:
+                f.write(data)
+        except OSError as e:
+            with contextlib.suppress(OSError), open(st.path, "ab") as f:
+                f.truncate(st.size)  # what a partial write left behind is not kept
+            self._problem(f"cannot store jobs' output under {self.root}: {e.strerror or e}; the "
+                          "nodes keep it and send it again", node)
+            return False
+        st.size += len(data)
+        if self.problem:
+            self._problem("", node)
+        return True
+
+    def _problem(self, why: str, node: str) -> None:
+        if why == self.problem:
+            return
+        self.problem = why
+        action = "log.store_failed" if why else "log.store_recovered"
+        (log.warning if why else log.info)("%s", why or "jobs' output is stored again")
+        try:
+            self.store.audit("trainyard", action, "logs", {"why": why, "node": node})
+        except Exception:  # the database may sit on the same full disk
+            log.exception("cannot record %s", action)
+
+    def _finish(self, st: _Stream, where: tuple[int, int, int], node: str, key: str, how: str) -> None:
+        try:
+            st.path.with_suffix(".done").write_text(how)
+        except OSError:
+            self._ack(node, key, st.size)  # not finished: the agent sends its end again
+            return
+        st.complete = True
+        self._streams.pop(where, None)
+        self._ack(node, key, st.size, done=True)
+
+    def _ack(self, node: str, key: str, offset: int, done: bool = False) -> None:
+        self.links.send(node, {"op": "output_ack", "key": key, "offset": offset, "done": done})
+
+    # ---------------------------------------------------------------- reading
+    def read(self, job_id: int, attempt: int, rank: int, offset: int, limit: int) -> dict[str, Any] | None:
+        """Stored output of one rank from `offset`; None when nothing of it is stored."""
+        path = self.rank_path(job_id, attempt, rank)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(min(offset, size))
+                data = f.read(limit)
+        except FileNotFoundError:
+            return None
+        complete = path.with_suffix(".done").exists()
+        if not (complete and offset + len(data) >= size):
+            data = data[:whole_utf8(data)]
+        return {"data": data.decode("utf-8", "replace"), "next": min(offset, size) + len(data),
+                "size": size, "complete": complete}
+
+    # ---------------------------------------------------------------- retention
+    def expire(self, now: float | None = None) -> int:
+        """Remove the output of attempts untouched for the retention period; how many."""
+        cutoff = (self.clock.time() if now is None else now) - self.retention_s
+        removed = 0
+        for job_dir in list(self.root.iterdir()):
+            for attempt_dir in list(job_dir.iterdir()) if job_dir.is_dir() else ():
+                try:
+                    newest = max((p.stat().st_mtime for p in attempt_dir.iterdir()),
+                                 default=attempt_dir.stat().st_mtime)
+                except OSError:
+                    continue
+                if newest < cutoff:
+                    shutil.rmtree(attempt_dir, ignore_errors=True)
+                    removed += 1
+                    self._forget(job_dir.name, attempt_dir.name)
+            if job_dir.is_dir() and not any(job_dir.iterdir()):
+                job_dir.rmdir()
+        return removed
+
+    def _forget(self, job: str, attempt: str) -> None:
+        for where in [w for w in self._streams if (str(w[0]), str(w[1])) == (job, attempt)]:
+            del self._streams[where]
+        self._totals = {k: v for k, v in self._totals.items() if (str(k[0]), str(k[1])) != (job, attempt)}
+
+
+def whole_utf8(data: bytes) -> int:
+    """Length of `data` without a UTF-8 character cut at its end (it comes whole next time)."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 != 0x80:  # the first byte of the last character
+            need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+            return len(data) - back if need > back else len(data)
+    return len(data)
+
+
+class JobLogs:
+    """What `GET /v1/jobs/{id}/log` answers: the stored output, else the node's own copy."""
+
+    def __init__(self, logs: LogStore, store: StateStore, links: NodeLinks):
+        self.logs = logs
+        self.store = store
+        self.links = links
+
+    async def read(self, caller: Caller, job_id: int, offset: int, rank: int, limit: int,
+                   attempt: int | None = None) -> dict[str, Any]:
+        with self.store.read() as s:
+            job = s.get(Job, job_id)
+            if job is None:
+                raise NotFound(f"job {job_id} does not exist")
+            s.expunge(job)
+        if not caller.may_act_on(job.user):
+            raise Forbidden(f"job {job_id} belongs to {job.user}; {caller.user} may read only their own "
+                            "jobs' logs")
+        attempt = job.attempt if attempt is None else attempt
+        if attempt > job.attempt:
+            raise NotFound(f"attempt: job {job_id} has run attempts 0..{job.attempt}, not {attempt}",
+                           "attempt")
+        current = [a["node"] for a in job.allocation] if attempt == job.attempt else []
+        nodes = self.logs.ranks(job_id, attempt) or current
+        out = {"state": job.state, "attempt": attempt, "rank": rank}
+        if not nodes:
+            if rank:
+                raise NotFound(f"rank: attempt {attempt} of job {job_id} has no rank {rank}; "
+                               "it has not run", "rank")
+            return {**out, "data": "", "next": offset, "node": None, "size": 0, "complete": False,
+                    "source": "none"}
+        if rank >= len(nodes):
+            raise NotFound(f"rank: attempt {attempt} of job {job_id} has ranks 0..{len(nodes) - 1}, "
+                           f"not {rank}", "rank")
+        node = nodes[rank]
+        stored = self.logs.read(job_id, attempt, rank, offset, limit)
+        if stored is not None:
+            return {**out, **stored, "node": node, "source": "store"}
+        if node in self.links.names() and self.links.connected(node):
+            try:
+                reply = await self.links.request(node, {"op": "log", "key": f"{job_id}.{attempt}",
+                                                        "offset": offset, "limit": limit})
+                return {**out, "data": reply.get("data", ""), "next": reply.get("next", offset),
+                        "node": node, "size": reply.get("size", 0), "complete": False,
+                        "source": "node"}
+            except DomainError:
+                pass
+        return {**out, "data": "", "next": offset, "node": node, "size": 0, "complete": False,
+                "source": "none"}
+
+
+def log_root(home: Path, configured: str) -> Path:
+    return Path(configured).expanduser() if configured else home / "logs"
+
+
+__all__ = ["JobLogs", "LogStore", "log_root", "whole_utf8"]

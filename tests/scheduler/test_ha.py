@@ -1,0 +1,129 @@
+"""High availability on PostgreSQL: one leader, a standby that takes over when it dies, no split brain;
+and SQLite's one-daemon rule."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from scheduler.client import ApiError, Client
+from tests.conftest import DaemonProc, add_sshd_node, fresh_pg_db, wait_for, wait_job
+
+
+def health(d: DaemonProc) -> dict:
+    return httpx.get(f"{d.url}/healthz", timeout=5).json()
+
+
+def tally() -> Path:
+    root = Path("/var/tmp/trainyard-tests")
+    root.mkdir(mode=0o711, exist_ok=True)
+    t = Path(tempfile.mkdtemp(prefix="ha-", dir=root))
+    os.chmod(t, 0o1777)
+    return t
+
+
+def counted(t: Path, tag: str, body: str) -> list[str]:
+    return ["sh", "-c", f'echo run >> "{t}/{tag}"; {body}']
+
+
+def runs(t: Path, tag: str) -> int:
+    f = t / tag
+    return len(f.read_text().splitlines()) if f.exists() else 0
+
+
+@pytest.fixture
+def pair(postgres_url, tmp_path):
+    """Two daemons on one PostgreSQL database, sharing TRAINYARD_HOME (the SSH key, known_hosts)."""
+    url = fresh_pg_db(postgres_url, f"ty_ha_{os.getpid()}")
+    first = DaemonProc(tmp_path, db=url).start()
+    wait_for(lambda: health(first)["role"] == "leader", 15, what="first daemon leads")
+    second = DaemonProc(tmp_path, db=url)
+    second.log = tmp_path / "standby.log"
+    second.start()
+    yield first, second
+    for d in (first, second):
+        d.stop()
+
+
+def test_one_leads_the_other_stands_by_and_points_to_it(pair):
+    leader, standby = pair
+    assert health(leader)["role"] == "leader"
+    h = wait_for(lambda: (x := health(standby))["role"] == "standby" and x.get("leader") and x, 10,
+                 what="standby names the leader")
+    assert h["leader"] == leader.url and "another daemon holds the leader lock" in h["reason"]
+    r = httpx.post(f"{standby.url}/v1/jobs", json={"command": ["true"]},
+                   headers={"Authorization": f"Bearer {standby.token}"})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert f"the leader is at {leader.url}" in r.json()["detail"]
+    assert httpx.get(f"{standby.url}/v1/jobs", headers={"Authorization": f"Bearer {standby.token}"}).status_code == 200
+    # a client given both addresses follows the leader, whichever it is given first
+    both = Client(f"{standby.url},{leader.url}", leader.token)
+    assert both.submit({"command": ["true"], "hold": True})["state"] == "PENDING"
+
+
+def test_kill_9_of_the_leader_the_standby_takes_over_and_every_job_ends_once(pair, sshd_factory):
+    leader, standby = pair
+    node = sshd_factory("ha1", leader.public_key)
+    add_sshd_node(leader, node)
+    t = tally()
+    c = Client(f"{leader.url},{standby.url}", leader.token)
+    ok = c.submit({"command": counted(t, "ok", "sleep 4"), "gpus": 1})
+    bad = c.submit({"command": counted(t, "bad", "sleep 5; exit 3"), "gpus": 1})
+    for j in (ok, bad):
+        wait_job(c, j["id"], "RUNNING")
+    killed = time.monotonic()
+    leader.kill9()
+    during = c.submit({"command": counted(t, "during", "true"), "gpus": 1})  # kept, never lost
+    wait_for(lambda: health(standby)["role"] == "leader", 10, what="standby leads within 10 s")
+    took = time.monotonic() - killed
+    assert took <= 10
+    assert wait_job(c, ok["id"], "COMPLETED", timeout=30)["exit_code"] == 0
+    failed = wait_job(c, bad["id"], "FAILED", timeout=30)
+    assert failed["exit_code"] == 3
+    wait_job(c, during["id"], "COMPLETED", timeout=30)
+    assert (runs(t, "ok"), runs(t, "bad"), runs(t, "during")) == (1, 1, 1)
+    print(f"standby led {took:.1f} s after kill -9 of the leader")
+
+
+def test_a_deposed_leader_cannot_commit(pair):
+    """The epoch fence: once another daemon took office, the old leader's writes abort."""
+    leader, standby = pair
+    import psycopg
+
+    url = leader.db.replace("postgresql://", "postgresql://", 1)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT) WHERE key = 'leader_epoch'")
+    r = httpx.post(f"{leader.url}/v1/jobs", json={"command": ["true"]},
+                   headers={"Authorization": f"Bearer {leader.token}"})
+    assert r.status_code == 503 and "deposed" in r.json()["detail"]
+    with pytest.raises(ApiError):
+        Client(leader.url, leader.token).submit({"command": ["true"]})
+
+
+def test_a_second_daemon_on_one_sqlite_file_is_refused(tmp_path):
+    first = DaemonProc(tmp_path).start()
+    try:
+        second = DaemonProc(tmp_path)
+        second.log = tmp_path / "second.log"
+        with pytest.raises(AssertionError, match="daemon exited 1"):
+            second.start()
+        text = second.log.read_text()
+        assert "already serves the SQLite database" in text and "PostgreSQL" in text
+        assert "Traceback" not in text
+    finally:
+        first.stop()
+
+
+def test_daemon_status_says_who_leads(pair):
+    leader, standby = pair
+    env = {**leader.env, "TRAINYARD_URL": f"{standby.url},{leader.url}", "TRAINYARD_TOKEN": leader.token}
+    r = subprocess.run([".venv/bin/python", "-m", "scheduler.cli", "daemon", "--status"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert f"{leader.url}  leader" in r.stdout and f"{standby.url}  standby" in r.stdout

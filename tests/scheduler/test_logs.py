@@ -1,0 +1,201 @@
+"""Central logs: jobs' output streamed by the agents, kept by the daemon, read after the node left."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from sqlmodel import select
+
+from scheduler.daemon.clock import Clock
+from scheduler.daemon.logstore import JobLogs, LogStore, whole_utf8
+from scheduler.daemon.state import StateStore
+from scheduler.models import Event, Job
+from scheduler.store import init_schema, make_engine
+from tests.conftest import wait_for, wait_job
+
+TICKS = "for i in $(seq 1 {n}); do echo out $i; echo err $i >&2; sleep {pause}; done"
+
+
+def stored(d, job_id: int, attempt: int = 0, rank: int = 0) -> Path:
+    return d.state / "logs" / str(job_id) / str(attempt) / f"{rank}.out"
+
+
+def lines_of(text: str) -> list[str]:
+    return [x for x in text.splitlines() if x.startswith(("out ", "err "))]
+
+
+def test_output_is_stored_while_the_job_runs_and_read_after_its_node_is_gone(cluster):
+    d, nodes = cluster
+    c = d.client()
+    job = c.submit({"command": ["sh", "-c", TICKS.format(n=8, pause=0.3)]})
+    wait_job(c, job["id"], "RUNNING")
+    # the daemon holds output while the job is still writing it
+    wait_for(lambda: stored(d, job["id"]).exists() and "out 2" in stored(d, job["id"]).read_text(),
+             10, what="output stored while the job runs")
+    assert c.job(job["id"])["state"] == "RUNNING"
+    follow = d.cli("logs", str(job["id"]), "--follow", check=True)
+    assert lines_of(follow.stdout) == [f"{s} {i}" for i in range(1, 9) for s in ("out", "err")]
+    node = c.job(job["id"])["allocation"][0]["node"]
+    d.cli("node", "remove", node, "--force", check=True)
+    next(n for n in nodes if n.name == node).stop()
+    after = d.cli("logs", str(job["id"]), check=True)
+    assert after.stdout == follow.stdout
+    as_json = d.cli("logs", str(job["id"]), "--json", check=True)
+    assert '"complete": true' in as_json.stdout and '"source": "store"' in as_json.stdout
+
+
+def test_nothing_is_lost_when_the_daemon_is_killed_mid_job(cluster):
+    d, _ = cluster
+    c = d.client()
+    job = c.submit({"command": ["sh", "-c", TICKS.format(n=30, pause=0.1)]})
+    wait_for(lambda: stored(d, job["id"]).exists() and "out 3" in stored(d, job["id"]).read_text(),
+             15, what="first output stored")
+    d.kill9()
+    d.start()
+    c = d.client()
+    wait_job(c, job["id"], "COMPLETED", timeout=40)
+    wait_for(lambda: stored(d, job["id"]).with_suffix(".done").exists(), 20, what="the whole output")
+    out = d.cli("logs", str(job["id"]), check=True).stdout
+    assert lines_of(out) == [f"{s} {i}" for i in range(1, 31) for s in ("out", "err")]
+
+
+def test_each_attempt_of_a_requeued_job_keeps_its_own_output(cluster):
+    d, _ = cluster
+    c = d.client()
+    job = c.submit({"command": ["sh", "-c", "echo run $TRAINYARD_JOB_ID; sleep 30"]})
+    wait_for(lambda: stored(d, job["id"]).exists() and "run" in stored(d, job["id"]).read_text(),
+             15, what="attempt 0's output")
+    c.requeue(job["id"])
+    wait_for(lambda: c.job(job["id"])["state"] == "RUNNING" and stored(d, job["id"], 1).exists(), 20,
+             what="attempt 1 running")
+    first = d.cli("logs", str(job["id"]), "--attempt", "0", check=True).stdout
+    assert first.startswith("run ")
+    refused = d.cli("logs", str(job["id"]), "--attempt", "7")
+    assert refused.returncode == 1 and "attempt" in refused.stderr
+    c.cancel(job["id"])
+
+
+# ------------------------------------------------------------------ the store on its own
+class Sent:
+    """The node links' side as the store sees it: what it sent to which node."""
+
+    def __init__(self):
+        self.sent: list[tuple[str, dict]] = []
+
+    def send(self, name: str, msg: dict) -> bool:
+        self.sent.append((name, msg))
+        return True
+
+    def names(self) -> list[str]:
+        return []
+
+
+@pytest.fixture
+def store(tmp_path):
+    engine = make_engine(str(tmp_path / "t.db"))
+    init_schema(engine)
+    st = StateStore(engine, Clock())
+    with st.tx() as s:
+        s.add(Job(id=7, user="ann", state="RUNNING", attempt=0,
+                  allocation=[{"node": "n1", "gpus": [0]}, {"node": "n2", "gpus": [0]}]))
+    return st
+
+
+def chunk(key: str, offset: int, data: bytes, eof: bool = False) -> dict:
+    return {"ev": "output", "key": key, "offset": offset, "data": base64.b64encode(data).decode(), "eof": eof}
+
+
+def events(st: StateStore, action: str) -> list[Event]:
+    with st.read() as s:
+        return s.exec(select(Event).where(Event.action == action)).all()
+
+
+def test_output_resent_after_a_restart_is_stored_once(tmp_path, store):
+    links = Sent()
+    logs = LogStore(tmp_path / "logs", store, links, Clock())
+    logs.on_output("n2", chunk("7.0", 0, b"hello "))
+    logs.on_output("n2", chunk("7.0", 0, b"hello world\n"))  # resent from 0 by a new agent
+    logs.on_output("n2", chunk("7.0", 12, b"", eof=True))
+    assert (tmp_path / "logs/7/0/1.out").read_bytes() == b"hello world\n"
+    assert links.sent[-1] == ("n2", {"op": "output_ack", "key": "7.0", "offset": 12, "done": True})
+
+
+def test_a_gap_is_asked_for_again_not_stored(tmp_path, store):
+    links = Sent()
+    logs = LogStore(tmp_path / "logs", store, links, Clock())
+    logs.on_output("n1", chunk("7.0", 0, b"abc"))
+    logs.on_output("n1", chunk("7.0", 10, b"later"))
+    assert (tmp_path / "logs/7/0/0.out").read_bytes() == b"abc"
+    assert links.sent[-1][1]["offset"] == 3 and not links.sent[-1][1]["done"]
+
+
+def test_output_from_a_node_that_does_not_run_the_job_is_dropped_and_audited(tmp_path, store):
+    links = Sent()
+    logs = LogStore(tmp_path / "logs", store, links, Clock())
+    logs.on_output("n9", chunk("7.0", 0, b"not yours"))
+    logs.on_output("n9", chunk("8.0", 0, b"no such job"))
+    assert not (tmp_path / "logs/7").exists() and not (tmp_path / "logs/8").exists()
+    refused = events(store, "log.refused")
+    assert [(e.target, e.detail["node"]) for e in refused] == [("7.0", "n9"), ("8.0", "n9")]
+    assert all(msg["done"] for _, msg in links.sent)  # the agent stops sending it
+
+
+def test_output_beyond_the_size_cap_is_cut_with_a_note(tmp_path, store):
+    links = Sent()
+    logs = LogStore(tmp_path / "logs", store, links, Clock(), max_bytes_per_job=4096)
+    logs.on_output("n1", chunk("7.0", 0, b"x" * 3000))
+    logs.on_output("n2", chunk("7.0", 0, b"y" * 3000))  # the cap covers every rank of the attempt
+    assert (tmp_path / "logs/7/0/0.out").read_bytes() == b"x" * 3000
+    rank1 = (tmp_path / "logs/7/0/1.out").read_bytes()
+    assert rank1.startswith(b"y" * 1096) and b"max_bytes_per_job" in rank1
+    assert links.sent[-1][1]["done"]
+
+
+def test_expired_output_is_removed(tmp_path, store):
+    links = Sent()
+    logs = LogStore(tmp_path / "logs", store, links, Clock(), retention_days=1)
+    logs.on_output("n1", chunk("7.0", 0, b"old\n"))
+    assert logs.expire(now=Clock().time() + 2 * 86400) == 1
+    assert not (tmp_path / "logs/7").exists()
+
+
+def test_a_character_cut_by_a_chunk_is_served_whole_next_time():
+    text = "é→🙂".encode()
+    assert whole_utf8(text[:-1]) == len("é→".encode())
+    assert whole_utf8(text) == len(text)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounting a tmpfs needs root")
+def test_a_full_disk_holds_output_back_and_says_so_until_there_is_room(tmp_path, store):
+    root = tmp_path / "small"
+    root.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(root)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        links = Sent()
+        logs = LogStore(root / "logs", store, links, Clock())
+        big = os.urandom(200_000)
+        logs.on_output("n1", chunk("7.0", 0, big))
+        assert links.sent == []  # not acknowledged: the node keeps it and sends it again
+        assert "cannot store" in logs.problem
+        assert [e.detail["node"] for e in events(store, "log.store_failed")] == ["n1"]
+        subprocess.run(["mount", "-o", "remount,size=1m", str(root)], check=True)
+        logs.on_output("n1", chunk("7.0", 0, big))
+        assert (root / "logs/7/0/0.out").read_bytes() == big
+        assert logs.problem == "" and events(store, "log.store_recovered")
+    finally:
+        subprocess.run(["umount", str(root)])
+
+
+async def test_the_api_refuses_a_rank_the_attempt_does_not_have(tmp_path, store):
+    from scheduler.daemon import Caller, NotFound
+
+    logs = LogStore(tmp_path / "logs", store, Sent(), Clock())
+    reader = JobLogs(logs, store, Sent())
+    with pytest.raises(NotFound, match="ranks 0..1, not 5"):
+        await reader.read(Caller("ann", "user"), 7, 0, 5, 100)

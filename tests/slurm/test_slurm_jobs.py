@@ -1,0 +1,121 @@
+"""Slurm batch scripts run unchanged on a real daemon with real sshd nodes: SLURM_* variables,
+Slurm-style output files written as the job's user, features, node lists, partition aliases."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DaemonProc, add_sshd_node, wait_job
+
+ALIASES = """
+[queues.gpu]
+aliases = ["defq", "a100"]
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    from tests.conftest import SshdNode
+
+    base = tmp_path_factory.mktemp("slurmjobs")
+    d = DaemonProc(base, extra_config=ALIASES).start()
+    nodes = []
+    try:
+        for name, labels in (("gpu-01", {"a100": "", "ib": ""}), ("gpu-02", {"v100": ""})):
+            n = SshdNode(base, name, d.public_key)
+            n.start()
+            nodes.append(n)
+            add_sshd_node(d, n, gpus=4, labels=labels)
+        yield d
+    finally:
+        for n in nodes:
+            n.stop()
+        d.stop()
+
+
+@pytest.fixture
+def submit_dir():
+    """A directory the job's account can write (as root, jobs run as another user)."""
+    root = Path("/var/tmp/trainyard-tests")
+    root.mkdir(mode=0o711, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix="submit-", dir=root))
+    os.chmod(d, 0o1777)
+    return d
+
+
+def sbatch(d: DaemonProc, cwd: Path, script: str, *args: str) -> subprocess.CompletedProcess:
+    path = cwd / "job.sh"
+    path.write_text(script)
+    env = {**d.env, "TRAINYARD_URL": d.url, "TRAINYARD_TOKEN": d.token}
+    return subprocess.run([sys.executable, "-m", "scheduler.slurm.commands_main", "sbatch", "--parsable",
+                           *args, str(path)], env=env, capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+def test_a_slurm_script_runs_with_slurm_variables_and_its_output_file(slurm_cluster, submit_dir):
+    d = slurm_cluster
+    r = sbatch(d, submit_dir, """#!/bin/bash
+#SBATCH --job-name=probe
+#SBATCH -p defq
+#SBATCH --gres=gpu:2 --ntasks-per-node=2 --cpus-per-task=1
+#SBATCH --time=23:59:59
+#SBATCH --output=%x-%j.log
+echo "ID=$SLURM_JOB_ID NAME=$SLURM_JOB_NAME PART=$SLURM_JOB_PARTITION NODES=$SLURM_JOB_NODELIST"
+echo "NTASKS=$SLURM_NTASKS GPUS=$SLURM_GPUS_ON_NODE SUBMIT=$SLURM_SUBMIT_DIR"
+echo "HOSTS=$(scontrol show hostnames $SLURM_JOB_NODELIST 2>/dev/null || echo none)"
+id -un
+""")
+    assert r.returncode == 0, r.stderr
+    job_id = int(r.stdout.strip())
+    done = wait_job(d.client(), job_id, "COMPLETED", timeout=30)
+    assert done["queue"] == "gpu" and done["time_limit"] == 86400  # rounded up to the minute
+    out = submit_dir / f"probe-{job_id}.log"
+    text = out.read_text()
+    assert f"ID={job_id} NAME=probe PART=gpu NODES={done['allocation'][0]['node']}" in text
+    assert f"NTASKS=2 GPUS=2 SUBMIT={submit_dir}" in text
+    owner = pwd.getpwuid(out.stat().st_uid).pw_name
+    assert text.strip().splitlines()[-1] == owner  # written as the job's own account
+    if os.geteuid() == 0:
+        assert owner != "root"
+
+
+def test_features_and_nodelist_choose_the_node(slurm_cluster, submit_dir):
+    d = slurm_cluster
+    c = d.client()
+    for args, node in ((("-C", "a100&ib"), "gpu-01"), (("-C", "v100"), "gpu-02"), (("-w", "gpu-02"), "gpu-02"),
+                       (("-x", "gpu-01"), "gpu-02")):
+        r = sbatch(d, submit_dir, "#!/bin/sh\ntrue\n", *args)
+        assert r.returncode == 0, r.stderr
+        done = wait_job(c, int(r.stdout.strip()), "COMPLETED", timeout=30)
+        assert done["allocation"][0]["node"] == node, (args, done)
+
+
+def test_a_feature_no_node_has_is_refused_at_submit(slurm_cluster, submit_dir):
+    r = sbatch(slurm_cluster, submit_dir, "#!/bin/sh\ntrue\n", "-C", "h100")
+    assert r.returncode != 0 and "no node has the features 'h100'" in r.stderr
+
+
+def test_an_unknown_partition_names_the_queues_and_aliases(slurm_cluster, submit_dir):
+    r = sbatch(slurm_cluster, submit_dir, "#!/bin/sh\n#SBATCH -p nope\ntrue\n")
+    assert r.returncode != 0
+    assert "'nope'" in r.stderr and "gpu" in r.stderr and "defq (= gpu)" in r.stderr
+
+
+def test_an_array_writes_one_file_per_task(slurm_cluster, submit_dir):
+    d = slurm_cluster
+    r = sbatch(d, submit_dir, "#!/bin/sh\n#SBATCH --array=0-2\necho task=$SLURM_ARRAY_TASK_ID "
+               "of $SLURM_ARRAY_TASK_COUNT max=$SLURM_ARRAY_TASK_MAX\n")
+    assert r.returncode == 0, r.stderr
+    parent = int(r.stdout.strip().split("_")[0])
+    c = d.client()
+    tasks = [j for j in c.jobs(all=True) if j["array_job_id"] == parent]
+    for t in tasks:
+        wait_job(c, t["id"], "COMPLETED", timeout=30)
+    for i in range(3):
+        assert (submit_dir / f"slurm-{parent}_{i}.out").read_text() == f"task={i} of 3 max=2\n"
