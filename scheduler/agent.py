@@ -299,6 +299,8 @@ class Agent:
             env.update(HOME=account.home, USER=account.name, LOGNAME=account.name,
                        SHELL=account.shell)
         env.update(msg.env)
+        # a preemption's deadline appears here the moment the job is chosen as a victim
+        env["TRAINYARD_PREEMPT_DEADLINE_FILE"] = os.path.join(work, "preempt_deadline")
         container = self.container_spec(msg) if msg.image else None
         cgroups = self.fencing.create(msg.key, msg.gpus, msg.cpus, msg.mem_mb) \
             if self.fencing.active else []
@@ -449,6 +451,13 @@ class Agent:
         except (OSError, ValueError):
             return []
 
+    def on_notice(self, msg: P.Notice) -> None:
+        """Write the preemption deadline where the job reads it (TRAINYARD_PREEMPT_DEADLINE_FILE)."""
+        path = os.path.join(self.job_dir(msg.key), "work", "preempt_deadline")
+        if os.path.isdir(os.path.dirname(path)):
+            _write_atomic(path, f"{msg.deadline:.0f}\n")
+            os.chmod(path, 0o644)
+
     def on_signal(self, msg: P.Signal) -> None:
         if msg.sig not in SIGNALS:
             raise ValueError(f"unknown signal {msg.sig!r}; use one of {', '.join(SIGNALS)}")
@@ -547,7 +556,7 @@ class Agent:
             min_uid=self.min_uid, fencing=self.fencing.mode(), containers=self.containers)
 
     def handle(self, line: str) -> None:
-        handlers = {"launch": self.on_launch, "signal": self.on_signal, "sync": self.on_sync,
+        handlers = {"launch": self.on_launch, "signal": self.on_signal, "notice": self.on_notice, "sync": self.on_sync,
                     "forget": self.on_forget, "log": self.on_log, "watch": self.on_watch,
                     "output_ack": self.output.on_ack, "fault": self.on_fault,
                     "ping": lambda m: self.send(P.Pong(m.id)),

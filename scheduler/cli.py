@@ -547,10 +547,20 @@ def nodes(per_gpu, as_json):
         table(headers, gpu_rows)
         return
     table(
-        ["NAME", "STATE", "GPUS", "MODEL", "POOL", "ADDRESS", "REASON"],
+        ["NAME", "STATE", "GPUS", "MODEL", "POOL", "ADDRESS", "FENCE", "REASON"],
         [[n["name"], n["state"], f"{n['gpus_used']}/{n['gpus_total']}", n["gpu_model"] or "-", n["pool"],
-          f"{n['address']}:{n['port']}", n["reason"] or ""] for n in rows],
+          f"{n['address']}:{n['port']}", fence_word(n.get("fencing")), n["reason"] or ""] for n in rows],
     )
+
+
+def fence_word(fencing: dict | None) -> str:
+    """How a node isolates jobs, in a word or two: `v1 dev+mem+cpu`, `none` (why: --json)."""
+    if not fencing:
+        return "-"
+    parts = [name for key, name in (("devices", "dev"), ("memory", "mem"), ("cpu", "cpu"), ("pids", "pids"))
+             if fencing.get(key)]
+    cgroup = fencing.get("cgroup") or "none"
+    return f"{cgroup} {'+'.join(parts)}" if parts else "none"
 
 
 @cli.group()
@@ -580,14 +590,18 @@ def _labels(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--gpu-model", help="GPU model to assume when the node has no NVML.")
 @click.option("--pool", default="default", show_default=True)
 @click.option("--label", multiple=True, help="KEY=VALUE node label (repeatable), e.g. rack=r12.")
-@click.option("--agent-dir", default=".trainyard", show_default=True, help="Agent's directory on the node.")
+@click.option("--agent-dir", default="",
+              help="Agent's directory on the node's own disk [default: /var/lib/trainyard as root].")
+@click.option("--privilege", type=click.Choice(["login", "sudo"]), default="login", show_default=True,
+              help="login: the agent runs as --user (root on GPU nodes); sudo: --user may start exactly "
+                   "the agent as root through the rule `trainyard bootstrap` installs (docs/nodes.md).")
 @json_option
 def node_add(name, address, port, user, key_path, accept_new_host_key, gpus, gpu_model, pool, label,
-             agent_dir, as_json):
+             agent_dir, privilege, as_json):
     """Register a node: pin its host key, check SSH and python3, then connect its agent."""
     spec = {"name": name, "address": address, "port": port, "user": user, "key_path": key_path,
             "accept_new_host_key": accept_new_host_key, "gpus": gpus, "gpu_model": gpu_model,
-            "pool": pool, "labels": _labels(label), "agent_dir": agent_dir}
+            "pool": pool, "labels": _labels(label), "agent_dir": agent_dir, "privilege": privilege}
     n = api(client().add_node, spec)
     if as_json:
         print_json(n)
@@ -634,10 +648,11 @@ def node_drain(name, reason, as_json):
 
 @node.command("resume")
 @click.argument("name")
+@click.option("--force", is_flag=True, help="Skip the health gate's checks (audited).")
 @json_option
-def node_resume(name, as_json):
-    """Return a drained or down node to service."""
-    n = api(client().resume_node, name)
+def node_resume(name, force, as_json):
+    """Return a drained or down node to service, once the health gate's checks pass."""
+    n = api(client().resume_node, name, force)
     print_json(n) if as_json else click.echo(f"node {n['name']}: {n['state']}")
 
 
@@ -648,14 +663,16 @@ def node_resume(name, as_json):
 @click.option("--ecc-dbe", is_flag=True, help="Add a double-bit ECC error.")
 @click.option("--temp", type=click.IntRange(0, 150), help="Hold the temperature at this many °C.")
 @click.option("--off-bus", is_flag=True, help="Make the GPU fall off the bus.")
+@click.option("--remap-pending", is_flag=True, help="Report a pending row remap (fails the health gate).")
 @click.option("--clear", is_flag=True, help="Clear the GPU's injected faults.")
-def node_fault(name, gpu, xid, ecc_dbe, temp, off_bus, clear):
+def node_fault(name, gpu, xid, ecc_dbe, temp, off_bus, remap_pending, clear):
     """Inject a GPU fault on a demo node (simulated GPUs only) to watch the health rules act."""
     chosen = [(k, v) for k, v, on in (("xid", xid, xid is not None), ("ecc_dbe", None, ecc_dbe),
                                        ("temp", temp, temp is not None), ("off_bus", None, off_bus),
-                                       ("clear", None, clear)) if on]
+                                       ("remap_pending", None, remap_pending), ("clear", None, clear)) if on]
     if len(chosen) != 1:
-        raise click.UsageError("give exactly one of --xid N, --ecc-dbe, --temp C, --off-bus, --clear")
+        raise click.UsageError("give exactly one of --xid N, --ecc-dbe, --temp C, --off-bus, --remap-pending, "
+                               "--clear")
     kind, value = chosen[0]
     api(client().fault_node, name, gpu, kind, value)
     click.echo(f"node {name} GPU {gpu}: {kind.replace('_', '-')}{'' if value is None else ' ' + str(value)} injected")

@@ -202,12 +202,17 @@ class Client:
     def set_priority(self, job_id: int, priority: int) -> dict:
         return self._call("PATCH", f"/v1/jobs/{job_id}", json={"priority": priority})
 
-    def log_page(self, job_id: int, offset: int = 0, rank: int = 0, limit: int = 65536) -> dict:
-        """{"data", "next", "state", "node"}: the job's output from `offset`, read from its node."""
-        return self._call("GET", f"/v1/jobs/{job_id}/log", params={"offset": offset, "rank": rank, "limit": limit})
+    def log_page(self, job_id: int, offset: int = 0, rank: int = 0, limit: int = 65536,
+                 attempt: int | None = None) -> dict:
+        """{"data", "next", "state", "node", "attempt", ...}: the job's stored output from `offset`
+        (the latest run, or run `attempt`)."""
+        params: dict[str, Any] = {"offset": offset, "rank": rank, "limit": limit}
+        if attempt is not None:
+            params["attempt"] = attempt
+        return self._call("GET", f"/v1/jobs/{job_id}/log", params=params)
 
-    def log(self, job_id: int, offset: int = 0, rank: int = 0) -> tuple[str, int]:
-        r = self.log_page(job_id, offset, rank)
+    def log(self, job_id: int, offset: int = 0, rank: int = 0, attempt: int | None = None) -> tuple[str, int]:
+        r = self.log_page(job_id, offset, rank, attempt=attempt)
         return r["data"], r["next"]
 
     # nodes
@@ -226,8 +231,8 @@ class Client:
     def drain_node(self, name: str, reason: str) -> dict:
         return self._call("POST", f"/v1/nodes/{name}/drain", json={"reason": reason})
 
-    def resume_node(self, name: str) -> dict:
-        return self._call("POST", f"/v1/nodes/{name}/resume")
+    def resume_node(self, name: str, force: bool = False) -> dict:
+        return self._call("POST", f"/v1/nodes/{name}/resume", params={"force": "true"} if force else None)
 
     def remove_node(self, name: str, force: bool = False) -> dict:
         return self._call("DELETE", f"/v1/nodes/{name}", params={"force": force})

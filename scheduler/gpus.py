@@ -20,7 +20,7 @@ NVML_NOT_FOUND = 6   # NVML_ERROR_NOT_FOUND
 NVML_TIMEOUT = 10    # NVML_ERROR_TIMEOUT: no event waiting
 NVML_GPU_NOT_FOUND = 28
 XID_EVENT = 0x8      # nvmlEventTypeXidCriticalError
-FAULT_KINDS = ("xid", "ecc_dbe", "temp", "off_bus", "clear")
+FAULT_KINDS = ("xid", "ecc_dbe", "temp", "off_bus", "remap_pending", "clear")
 
 
 class GpuLost(Exception):

@@ -48,6 +48,7 @@ class Node(SQLModel, table=True):
     user: str = "trainyard"
     key_path: str | None = None  # private key; None: the daemon's own key
     agent_dir: str = ""  # where the agent keeps its files; "": its node-local default
+    privilege: str = "login"  # "login": the agent runs as `user`; "sudo": `user` starts it as root
     pool: str = "default"
     provider: str = "onprem"
     gpu_model: str = ""

@@ -93,6 +93,15 @@ class Signal:
 
 
 @dataclass
+class Notice:
+    """Tell a running job when it will be stopped (a preemption's deadline, epoch seconds): the
+    agent writes it where TRAINYARD_PREEMPT_DEADLINE_FILE points."""
+    op: ClassVar[str] = "notice"
+    key: str
+    deadline: float = 0.0
+
+
+@dataclass
 class Sync:
     """Ask for every job the node knows that was not forgotten (answered by `jobs`)."""
     op: ClassVar[str] = "sync"
@@ -310,7 +319,7 @@ class FaultDone:
     kind: str = ""
 
 
-OPS = {c.op: c for c in (Launch, Signal, Sync, Watch, Forget, Log, OutputAck, Fault, Ping,
+OPS = {c.op: c for c in (Launch, Signal, Notice, Sync, Watch, Forget, Log, OutputAck, Fault, Ping,
                          Pull, Images)}
 EVENTS = {c.ev: c for c in (Hello, Started, Exited, LaunchFailed, Telemetry, Error, Jobs,
                             LogChunk, Output, Pong, FaultDone, PullProgress, Pulled, ImageList)}

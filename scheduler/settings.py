@@ -155,6 +155,7 @@ class SchedulerSettings(_Table):
     queueing: str | None = None
     preemption: bool | None = None
     max_preemptors_per_pass: int | None = Field(None, ge=0, le=1_000_000)
+    queue_depth: int | None = Field(None, ge=1, le=1_000_000)  # jobs tried per queue per pass
     grace_period: Seconds | None = None
     default_time: Seconds | None = None
     fairshare_half_life: PositiveSeconds | None = None
@@ -449,6 +450,7 @@ class Settings(_Table):
         kw: dict[str, Any] = {k: v for k, v in (
             ("order", s.order), ("backfill", s.backfill), ("queueing", s.queueing),
             ("preemption", s.preemption), ("max_preemptors_per_pass", s.max_preemptors_per_pass),
+            ("queue_depth", s.queue_depth),
             ("grace_period_s", s.grace_period), ("default_time_limit_s", s.default_time),
             ("fairshare_half_life_s", s.fairshare_half_life),
         ) if v is not None}

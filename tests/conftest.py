@@ -323,7 +323,8 @@ class DaemonProc:
         self.env.pop("TRAINYARD_URL", None)
         self.env.pop("TRAINYARD_TOKEN", None)
         self.config = base / "trainyard.toml"
-        self.config.write_text(TEST_CONFIG.format(grace=grace) + extra_config + users_table())
+        users = "" if "[users]" in extra_config else users_table()  # a test's own map wins
+        self.config.write_text(TEST_CONFIG.format(grace=grace) + extra_config + users)
         self.port = free_port()
         self.db = db
         self.proc: subprocess.Popen | None = None

@@ -141,8 +141,10 @@ class JobSubmit(Strict):
     open_mode: Literal["truncate", "append"] | None = None
     submit_dir: str | None = Field(default=None, max_length=4096, pattern="^/")
     submit_host: str | None = Field(default=None, max_length=253, pattern=NO_NUL)
-    signal: str | None = Field(default=None, max_length=32, pattern=r"^(B:)?[A-Z0-9]{1,10}(@[0-9]{1,6})?$",
-                               description="[B:]SIG[@SECONDS], e.g. USR1@60")
+    signal: str | None = Field(default=None, max_length=32, pattern=r"^([BR]:)?[A-Za-z0-9]{1,10}(@[0-9]{1,6})?$",
+                               description="[B:]SIG[@SECONDS], e.g. USR1@60: SIG that long before the time limit "
+                                           "and at the start of a preemption's grace period")
+    idle_opt_out: bool | None = Field(default=None, description="exempt from idle reclaim, where the queue allows")
     requeue: bool | None = None
     begin: float | None = Field(default=None, ge=0, le=1e11, description="epoch seconds")
     qos: str | None = Field(default=None, max_length=64, pattern=NO_NUL)
@@ -177,6 +179,15 @@ class JobSubmit(Strict):
         if v is None or (isinstance(v, str) and v.strip().upper() in ("UNLIMITED", "INFINITE")):
             return None if v is None else "UNLIMITED"
         return parse_time_limit(v, "time_limit")
+
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, v):
+        if v is not None:
+            from ..daemon.lifecycle import SignalSpec
+
+            SignalSpec.parse(v)
+        return v
 
     @field_validator("features")
     @classmethod
@@ -249,6 +260,9 @@ class NodeAdd(Strict):
     key_path: str | None = Field(default=None, max_length=4096)
     agent_dir: str = Field(default="", max_length=4096)
     accept_new_host_key: bool = False
+    privilege: Literal["login", "sudo"] = Field(default="login", description=
+                                                "login: the agent runs as `user`; sudo: `user` may start "
+                                                "exactly the agent as root (docs/nodes.md)")
     gpus: int | None = Field(default=None, ge=0, le=64)
     gpu_model: str | None = Field(default=None, max_length=128)
     pool: str = Field(default="default", pattern=NAME_RE)
@@ -268,7 +282,7 @@ class DrainBody(Strict):
 
 class FaultBody(Strict):
     gpu: int = Field(ge=0, le=63)
-    kind: Literal["xid", "ecc_dbe", "temp", "off_bus", "clear"]
+    kind: Literal["xid", "ecc_dbe", "temp", "off_bus", "remap_pending", "clear"]
     value: Annotated[float, Field(ge=-1e9, le=1e9)] | None = None
 
 
@@ -366,7 +380,9 @@ class NodeRead(Open):
     last_seen: float | None
     simulated: bool
     agent_dir: str
+    privilege: str = "login"
     fencing: dict[str, Any] | None = None
+    health_checks: dict[str, Any] = Field(default_factory=dict, description="the health gate's last results")
     agent: dict[str, Any] = Field(default_factory=dict)
     telemetry: dict[str, Any]
     excluded_gpus: dict[str, str]

@@ -100,6 +100,8 @@ class Daemon:
                                  tables.logs.retention_days, tables.logs.max_bytes_per_job,
                                  self.gate.owns)
         self.logs = JobLogs(self.logstore, self.store, self.links)
+        self.dispatcher.on_dispatch = lambda job: self.logstore.record_ranks(
+            job.id, job.attempt, [a["node"] for a in job.allocation])
         self.notifications = Notifications(tables.notify, self.store, config.cluster_name)
         self.accounting = Accounting(self.store, tables.accounting, home, self.clock,
                                      lambda user: self.policy.user_team.get(user, "default"))

@@ -77,6 +77,7 @@ class Dispatcher:
         self.links = links
         self.unix_user = unix_user
         self.cluster = cluster
+        self.on_dispatch: Callable[[Job], None] | None = None  # the log store records the ranks
 
     def environment(self, job: Job, rank: int) -> dict[str, str]:
         ranks = [a["node"] for a in job.allocation]
@@ -103,6 +104,8 @@ class Dispatcher:
         return env
 
     def dispatch(self, job: Job) -> None:
+        if self.on_dispatch is not None:
+            self.on_dispatch(job)
         for a in job.allocation:
             self.dispatch_rank(job, a["node"])
 

@@ -45,6 +45,7 @@ class NodeRequest:
     provider: str = "onprem"
     labels: dict[str, str] = field(default_factory=dict)
     probe: bool = True
+    privilege: str = "login"
 
 
 class Inventory:
@@ -90,7 +91,7 @@ class Inventory:
             pin_host_key(self.known_hosts, req.address, req.port, key)
             pinned_now = True
         target = SshTarget(req.name, req.address, req.port, req.user, req.key_path or str(self.default_key),
-                           req.agent_dir, req.gpus or 0, req.gpu_model or "")
+                           req.agent_dir, req.gpus or 0, req.gpu_model or "", self.links.min_uid, req.privilege)
         if req.probe:
             try:
                 await probe(target, self.links.settings)
@@ -100,7 +101,7 @@ class Inventory:
                 raise Invalid(f"node {req.name}: {e}", "address") from None
         with self.store.tx() as s:
             node = Node(name=req.name, address=req.address, port=req.port, user=req.user,
-                        key_path=req.key_path, agent_dir=req.agent_dir, pool=req.pool,
+                        key_path=req.key_path, agent_dir=req.agent_dir, pool=req.pool, privilege=req.privilege,
                         provider=req.provider, gpu_model=req.gpu_model or "", gpus_total=req.gpus or 0,
                         gpus_expected=req.gpus or 0, health_checks={"status": "pending", "trigger": "node add"},
                         labels=req.labels, state=m.DOWN, reason="connecting", created_at=self.clock.time())

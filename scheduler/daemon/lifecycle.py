@@ -109,6 +109,10 @@ class JobLifecycle:
             job.kill_grace_s = None
         job.kill_reason, job.kill_time = why, self.clock.time()
         s.add(job)
+        if why == "preempt":  # TRAINYARD_PREEMPT_DEADLINE_FILE says when SIGKILL comes
+            grace = self.kill_grace_s if job.kill_grace_s is None else job.kill_grace_s
+            for a in job.allocation:
+                self.links.send(a["node"], {"op": "notice", "key": job_key(job), "deadline": job.kill_time + grace})
         spec = signal_spec(job) if why == "preempt" else None
         if spec is not None:
             grace = self.kill_grace_s if job.kill_grace_s is None else job.kill_grace_s

@@ -35,7 +35,7 @@ class NodeLinks:
     def target(self, node: Node) -> SshTarget:
         agent_dir = node.agent_dir if node.agent_dir not in ("", ".trainyard") else self.agent_dir
         return SshTarget(node.name, node.address, node.port, node.user, node.key_path or self.default_key,
-                         agent_dir, node.gpus_total, node.gpu_model, self.min_uid)
+                         agent_dir, node.gpus_total, node.gpu_model, self.min_uid, node.privilege)
 
     def start(self, node: Node) -> None:
         link = NodeLink(self.target(node), self.settings, self._on_message, self._on_link)

@@ -149,6 +149,10 @@ class LogStore:
         self._owner[(node, key)] = where
         return where
 
+    def record_ranks(self, job_id: int, attempt: int, nodes: list[str]) -> None:
+        """At dispatch: output of this attempt is the job's even if it arrives after a requeue."""
+        self._record_ranks(job_id, attempt, nodes)
+
     def _record_ranks(self, job_id: int, attempt: int, nodes: list[str]) -> None:
         d = self.attempt_dir(job_id, attempt)
         d.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ def node_json(n, *, connected: bool, problem: str, gpus_used: int, telemetry: di
         "provider": n.provider, "state": n.state, "reason": reason, "connected": connected,
         "gpu_model": n.gpu_model, "gpus_total": n.gpus_total, "gpus_used": gpus_used,
         "cpus": n.cpus, "mem_mb": n.mem_mb, "labels": n.labels, "last_seen": n.last_seen,
-        "simulated": n.simulated, "agent_dir": n.agent_dir,
+        "simulated": n.simulated, "agent_dir": n.agent_dir, "privilege": n.privilege,
         "fencing": info.get("fencing"), "agent": info,
         "telemetry": telemetry or {"time": None, "gpus": []},
         "excluded_gpus": {str(g): why for g, why in excluded.items()},

@@ -13,8 +13,14 @@ import pytest
 from scheduler import nodes as node_links
 from tests.conftest import require_or_skip
 from tests.nodes.conftest import TEST_BASE
-from tests.nodes.registry import (Hanging, Registry, build_image, missing, podman_config,
-                                  use_podman_config)
+from tests.nodes.registry import (
+    Hanging,
+    Registry,
+    build_image,
+    missing,
+    podman_config,
+    use_podman_config,
+)
 
 SECRET = f"pw-{uuid.uuid4().hex}"  # the private registry's password: must never be seen
 

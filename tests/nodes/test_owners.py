@@ -3,7 +3,6 @@
 import signal
 
 from scheduler.protocol import PROTOCOL_VERSION
-
 from tests.nodes.conftest import job_pids
 
 

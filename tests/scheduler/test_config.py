@@ -265,7 +265,7 @@ def test_the_health_rules_equal_the_ones_built_from_the_same_table(table):
     ({"queues": {"a": {"aliases": ["x"]}, "b": {"aliases": "x"}}}, "queues.b.aliases[0]: 'x' already names "
                                                                   "queues.a"),
     ({"queues": {"a": {"max_runtime": 5}}}, "queues.a.max_runtime: unknown setting (value 5); known settings: "
-                                            "aliases, default_time, grace_period, max_time, nodes, preempts, "),
+                                            "aliases, allow_opt_out, default_time, grace_period, idle_action, "),
     # [teams.NAME]
     ({"teams": {"t": {"nominal_gpus": -4}}}, "teams.t.nominal_gpus: must be >= 0, got -4"),
     ({"teams": {"t": {"nominal_gpus": 2**40}}}, "teams.t.nominal_gpus: must be <= 1000000, got 1099511627776"),
@@ -299,8 +299,8 @@ def test_the_health_rules_equal_the_ones_built_from_the_same_table(table):
                                              "node's own disk"),
     ({"nodes": {"min_uid": 0}}, "nodes.min_uid: must be >= 1, got 0"),
     ({"nodes": {"min_uid": "1000"}}, "nodes.min_uid: expected a whole number, got '1000'"),
-    ({"node": {}}, "node: unknown table (value {}); known tables: daemon, health, nodes, queues, scheduler, "
-                   "teams, users"),
+    ({"node": {}}, "node: unknown table (value {}); known tables: accounting, daemon, gate, health, logs, "
+                   "nodes, notify, queues, scheduler, teams, users"),
 ])
 def test_a_bad_value_is_refused_naming_its_key_and_value(doc, message):
     got = problems(doc)

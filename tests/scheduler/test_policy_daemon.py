@@ -48,6 +48,27 @@ def test_high_queue_preempts_low_and_the_victim_is_requeued(policy_cluster):
     assert any(e["action"] == "job.preempt" for e in c.events(limit=1000))
 
 
+def test_a_victim_learns_its_deadline_and_gets_its_signal_before_sigkill(policy_cluster):
+    admin = policy_cluster.client()
+    c = policy_cluster.client(admin.create_token("carl", "user")["token"])  # in no team: no quota
+    # the victim checkpoints on USR1 (its --signal) and records when SIGKILL will come
+    save = ('trap \'echo "checkpoint before $(cat $TRAINYARD_PREEMPT_DEADLINE_FILE)"; exit 0\' USR1; '
+            'while :; do sleep 0.1; done')
+    lows = [c.submit({"command": ["bash", "-c", save], "gpus": 4, "queue": "low", "signal": "USR1@5"})
+            for _ in range(2)]
+    for j in lows:
+        wait_job(c, j["id"], "RUNNING")
+    high = c.submit({"command": ["sleep", "30"], "gpus": 4, "queue": "high"})
+    wait_job(c, high["id"], "RUNNING", timeout=20)
+    victim = next(j for j in lows if c.job(j["id"])["attempt"] == 1)
+    signals = [e for e in admin.events(limit=1000)
+               if e["action"] == "job.signal" and e["target"] == str(victim["id"])]
+    assert signals and signals[-1]["detail"]["sig"] == "USR1"
+    deadline = round(signals[-1]["detail"]["deadline"])
+    # every process of the job gets the signal (as in Slurm without B:), the shell runs its trap
+    assert c.log(victim["id"], attempt=0)[0].strip().splitlines()[-1] == f"checkpoint before {deadline}"
+
+
 def test_team_quota_holds_jobs_back_with_quotalimit(policy_cluster):
     c = policy_cluster.client()  # the admin token belongs to the daemon's user, alice
     first = c.submit({"command": ["sleep", "30"], "gpus": 4})

@@ -33,7 +33,8 @@ def _request(body: NodeAdd) -> NodeRequest:
     return NodeRequest(name=body.name, address=body.address, port=body.port, user=body.user,
                        key_path=body.key_path, agent_dir=body.agent_dir,
                        accept_new_host_key=body.accept_new_host_key, gpus=body.gpus, gpu_model=body.gpu_model,
-                       pool=body.pool, provider=body.provider, labels=body.labels, probe=body.probe)
+                       pool=body.pool, provider=body.provider, labels=body.labels, probe=body.probe,
+                       privilege=body.privilege)
 
 
 @router.get("", response_model=list[NodeRead], responses=responses())
