@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 
 if __package__:
     from . import containers, fencing, nodestate
@@ -74,6 +75,36 @@ def _write_atomic(path: str, text: str) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.replace(tmp, path)
+
+
+# Slurm's srun and scontrol for batch scripts: where each file lies under the agent's directory,
+# and its path in the bundle (the shims load hostlist.py and layout.py from the directory above)
+SLURM_SHIM_FILES = (("hostlist.py", "slurm/hostlist.py"), ("layout.py", "slurm/layout.py"),
+                    ("bin/srun", "slurm/shims/srun.py"), ("bin/scontrol", "slurm/shims/scontrol.py"))
+
+
+def _own_file(rel: str) -> bytes:
+    """A file shipped beside this module: in the agent's zip bundle, or in the source tree."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if zipfile.is_zipfile(here):
+        with zipfile.ZipFile(here) as z:
+            return z.read(rel)
+    with open(os.path.join(here, rel), "rb") as f:
+        return f.read()
+
+
+def _install_public(top: str, rel: str, data: bytes) -> None:
+    """Write top/rel so that every job's account may read it (and run it, under bin/), atomically."""
+    path = os.path.join(top, rel)
+    for d in (top, os.path.dirname(path)):  # rel is at most one directory deep
+        os.makedirs(d, exist_ok=True)
+        os.chmod(d, 0o755)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, 0o755 if os.path.basename(os.path.dirname(path)) == "bin" else 0o644)
     os.replace(tmp, path)
 
 
@@ -299,6 +330,9 @@ class Agent:
             env.update(HOME=account.home, USER=account.name, LOGNAME=account.name,
                        SHELL=account.shell)
         env.update(msg.env)
+        shims = self.slurm_shims() if "SLURM_JOB_ID" in env and not msg.image else None
+        if shims:  # a Slurm batch script finds srun and scontrol on its PATH (docs/slurm.md)
+            env["PATH"] = shims + os.pathsep + env.get("PATH", "/usr/bin:/bin")
         # a preemption's deadline appears here the moment the job is chosen as a victim
         env["TRAINYARD_PREEMPT_DEADLINE_FILE"] = os.path.join(work, "preempt_deadline")
         container = self.container_spec(msg) if msg.image else None
@@ -312,6 +346,20 @@ class Agent:
             spec["container"] = container
         _write_atomic(os.path.join(d, "spec.json"), json.dumps(spec))
         return spec
+
+    def slurm_shims(self):
+        """The directory of the srun and scontrol shims, written from the agent's own bundle the
+        first time a job needs them; None (and no shims) where the bundle does not carry them."""
+        if getattr(self, "_slurm_bin", None) is None:
+            top = os.path.join(self.root, "slurm")
+            try:
+                for rel, source in SLURM_SHIM_FILES:
+                    _install_public(top, rel, _own_file(source))
+            except (OSError, KeyError):
+                self._slurm_bin = ""
+            else:
+                self._slurm_bin = os.path.join(top, "bin")
+        return self._slurm_bin or None
 
     def container_spec(self, msg: P.Launch) -> dict:
         """How the job step runs this launch's image; ContainerError when it cannot here."""

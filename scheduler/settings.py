@@ -386,6 +386,31 @@ class AccountingSettings(_Table):
         return PriceBook.from_dict(doc)
 
 
+class InfraSettings(_Table):
+    """[infra]: the Pulumi project and stack whose pools the daemon scales (docs/infra.md)."""
+
+    project_dir: str = ""  # "": the directory holding Pulumi.yaml (the checkout)
+    stack: str = ""  # "": the stack selected there
+    autoscale_interval: PositiveSeconds = 30.0  # how often [autoscale] pools are looked at
+    # pin a new node's host key on first contact: the daemon created it at the address Pulumi gave
+    accept_new_host_keys: bool = True
+
+
+class AutoscalePoolSettings(_Table):
+    """[autoscale.POOL]: the bounds and timings of an AWS pool that follows the queue."""
+
+    min: int = Field(0, ge=0, le=512)
+    max: int = Field(ge=0, le=512)
+    idle_minutes: float = Field(30.0, gt=0, le=525_600)  # idle this long: drained and removed
+    cooldown_minutes: float = Field(5.0, ge=0, le=1440)  # between two operations on the pool
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalePoolSettings:
+        if self.min > self.max:
+            raise ValueError(f"min = {self.min} is above max = {self.max}; set min <= max")
+        return self
+
+
 class Settings(_Table):
     """The whole of trainyard.toml."""
 
@@ -400,6 +425,8 @@ class Settings(_Table):
     notify: NotifySettings = NotifySettings()
     accounting: AccountingSettings = AccountingSettings()
     gate: GateSettings = GateSettings()
+    infra: InfraSettings = InfraSettings()
+    autoscale: dict[Name, AutoscalePoolSettings] = {}
 
     @model_validator(mode="after")
     def _references(self) -> Settings:

@@ -543,8 +543,8 @@ makespan; with `oracle` among the policies, each policy's mean JCT as a ratio to
                las        least attained service (Tiresias-style discretised LAS, GPU-time
                           thresholds), preempts more-served jobs; needs no durations;
                qssf       shortest predicted remaining GPU-service first (run times learned
-                          from finished jobs), with aging, backfill on predictions, and
-                          preemption only for a much shorter job;
+                          from finished jobs), with aging and backfill on predictions,
+                          no preemption;
                oracle     shortest true remaining GPU-service first with preemption: knows
                           every run time, the reference the others are measured against.
 

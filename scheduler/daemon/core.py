@@ -20,6 +20,7 @@ from ..nodes import SshSettings
 from ..planner import PolicyConfig, UsageLedger
 from ..store import init_schema, make_engine
 from .accounting import Accounting
+from .autoscale import Autoscaler, ansible_bootstrap
 from .caller import Caller
 from .clock import Clock
 from .dispatch import Dispatcher
@@ -105,6 +106,10 @@ class Daemon:
         self.notifications = Notifications(tables.notify, self.store, config.cluster_name)
         self.accounting = Accounting(self.store, tables.accounting, home, self.clock,
                                      lambda user: self.policy.user_team.get(user, "default"))
+        self.autoscaler = Autoscaler(self.store, self.inventory, self.clock, tables.infra, tables.autoscale,
+                                     ansible_bootstrap(self.key_path.parent / "id_ed25519.pub"),
+                                     self._queue_selector)
+        self.autoscaler.check()  # a pool that is not AWS in the stack: refused at start
         self._logs_expire_at = 0.0
         self.leadership = Leadership(self.engine, self.db_url, lambda: self.url)
         self.store.fence = self.leadership.fence
@@ -195,6 +200,9 @@ class Daemon:
                                 name="schedule"),
             asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
         ]
+        if self.autoscaler.enabled:
+            self._office.append(asyncio.create_task(
+                self.autoscaler.loop(lambda: self._running and self.leadership.leading), name="autoscale"))
 
     async def _step_down(self, why: str) -> None:
         """A leader that lost its lock stops acting on nodes at once; a standby again."""
@@ -208,6 +216,7 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._office = []
+        await self.autoscaler.stop()
         await self.links.stop_all()
 
     async def stop(self) -> None:
@@ -270,6 +279,10 @@ class Daemon:
 
     def _on_link_problem(self, name: str, error: str) -> None:
         self.store.audit("trainyard", "node.unreachable", name, {"error": error})
+
+    def _queue_selector(self, queue: str) -> dict[str, str]:
+        qp = self.policy.queues.get(queue)
+        return dict(qp.node_selector) if qp is not None else {}
 
     def _drain_for_health(self, name: str, verdicts: list[str]) -> None:
         self.inventory.drain_for_health(name, verdicts)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import insert, update
+from sqlalchemy import func, insert, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, select
 
@@ -208,6 +208,8 @@ class JobService:
     @staticmethod
     def _check_nodes(s: Session, req: JobRequest) -> None:
         """-w names nodes that exist; -C names features some registered node has (Slurm refuses both)."""
+        if not req.slurm.get("nodelist") and not req.slurm.get("features"):
+            return
         nodes = {n.name: n.labels for n in s.exec(select(Node)).all()}
         missing = [n for n in req.slurm.get("nodelist") or () if n not in nodes]
         if missing:
@@ -224,13 +226,18 @@ class JobService:
 
     @staticmethod
     def _check_fits(s: Session, req: JobRequest) -> None:
-        sizes = sorted(s.exec(select(Node.gpus_total, Node.name)).all(), reverse=True)
-        if not sizes:
+        # two aggregate queries, not a read of every node: this runs on every submission
+        t = Node.__table__.c
+        largest = s.connection().execute(sa_select(t.gpus_total, t.name).order_by(
+            t.gpus_total.desc(), t.name.desc()).limit(1)).first()
+        if largest is None:
             return  # nothing registered yet: the job waits for nodes
-        if req.gpus > sizes[0][0]:
+        if req.gpus > largest[0]:
             raise Conflict(f"gpus: {req.gpus} GPUs per node is more than any node has "
-                          f"(largest: {sizes[0][0]} on {sizes[0][1]}); use --nodes to spread the job", "gpus")
-        enough = sum(1 for g, _ in sizes if g >= req.gpus)
+                          f"(largest: {largest[0]} on {largest[1]}); use --nodes to spread the job", "gpus")
+        if req.nodes <= 1:
+            return
+        enough = s.connection().execute(sa_select(func.count()).where(t.gpus_total >= req.gpus)).scalar()
         if req.nodes > enough:
             raise Conflict(f"nodes: {req.nodes} nodes with {req.gpus} GPUs each requested, "
                           f"but the cluster has only {enough} such nodes", "nodes")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from .. import models as m
@@ -34,6 +35,7 @@ class Reconciler:
         self.clock = clock
         self.wake = wake
         self.observe_latency = observe_latency  # (job, started_at) -> None
+        self._batch: list[tuple] = []  # reports of this loop tick, committed together
 
     def on_hello(self, name: str, msg: dict) -> None:
         with self.store.tx() as s:
@@ -110,30 +112,69 @@ class Reconciler:
             self.links.send(name, {"op": "watch", "jobs": watch})
         self.wake()
 
+    # ------------------------------------------------------------ started / exited / launch_failed
+    # Reports that arrive in the same loop tick are committed together: one transaction (and one
+    # fsync) for a burst of ends, instead of one per message. Each is committed before anything
+    # is acted on (forget, a woken scheduling cycle), so write-ahead holds.
     def on_started(self, name: str, key: str) -> None:
-        job_id, attempt = parse_key(key)
-        with self.store.tx() as s:
-            job = s.get(Job, job_id)
-            if job is None or job.attempt != attempt or job.state != m.CONFIGURING:
-                return
-            self.store.set_state(s, job, m.RUNNING, node=name)
-        self.observe_latency(job)
+        self._report(self._started, name, key)
 
     def on_exited(self, name: str, key: str, end: RankExit, end_time: float | None) -> None:
-        job_id, attempt = parse_key(key)
-        with self.store.tx() as s:
-            job = s.get(Job, job_id)
-            stale = job is None or job.attempt != attempt or job.state not in m.ACTIVE_STATES
-            if not stale:
-                self.lifecycle.rank_ended(s, job, name, end, end_time)
-        if stale:
-            self.links.send(name, {"op": "forget", "keys": [key]})
+        self._report(self._exited, name, key, end, end_time)
 
     def on_launch_failed(self, name: str, key: str, reason: str) -> None:
         """The agent could not start a rank (no such account, refused user): the job FAILS with why."""
+        self._report(self._launch_failed, name, key, reason)
+
+    def _report(self, handler, *args) -> None:
+        self._batch.append((handler, args))
+        if len(self._batch) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush)
+            except RuntimeError:  # no event loop (a direct call): commit it now
+                self.flush()
+
+    def flush(self) -> None:
+        """Commit the reports gathered this tick in one transaction, then act on them."""
+        batch, self._batch = self._batch, []
+        if not batch:
+            return
+        acts: list = []
+        try:
+            with self.store.tx() as s:
+                for handler, args in batch:
+                    handler(s, acts, *args)
+        except Exception:  # noqa: BLE001 - one bad report must not lose the others: one at a time
+            if len(batch) == 1:
+                raise
+            log.exception("a batch of %d agent reports failed; committing them one by one", len(batch))
+            for item in batch:
+                self._batch = [item]
+                with contextlib.suppress(Exception):
+                    self.flush()
+            return
+        for act in acts:
+            act()
+
+    def _started(self, s, acts: list, name: str, key: str) -> None:
         job_id, attempt = parse_key(key)
-        with self.store.tx() as s:
-            job = s.get(Job, job_id)
-            if job is None or job.attempt != attempt or job.state not in m.ACTIVE_STATES:
-                return
-            self.lifecycle.fail_launch(s, job, name, reason)
+        job = s.get(Job, job_id)
+        if job is None or job.attempt != attempt or job.state != m.CONFIGURING:
+            return
+        self.store.set_state(s, job, m.RUNNING, node=name)
+        acts.append(lambda: self.observe_latency(job))
+
+    def _exited(self, s, acts: list, name: str, key: str, end: RankExit, end_time: float | None) -> None:
+        job_id, attempt = parse_key(key)
+        job = s.get(Job, job_id)
+        if job is None or job.attempt != attempt or job.state not in m.ACTIVE_STATES:
+            acts.append(lambda: self.links.send(name, {"op": "forget", "keys": [key]}))
+            return
+        self.lifecycle.rank_ended(s, job, name, end, end_time)
+
+    def _launch_failed(self, s, acts: list, name: str, key: str, reason: str) -> None:
+        job_id, attempt = parse_key(key)
+        job = s.get(Job, job_id)
+        if job is None or job.attempt != attempt or job.state not in m.ACTIVE_STATES:
+            return
+        self.lifecycle.fail_launch(s, job, name, reason)

@@ -24,6 +24,7 @@ from ..planner import (
     depends_on,
     plan,
 )
+from ..planner.ordering import PendingOrder
 from .clock import Clock
 from .dispatch import Dispatcher
 from .gpuhealth import HealthMonitor
@@ -87,6 +88,7 @@ class SchedulingCycle:
         self.last_cycle_s = 0.0
         self.starting_since: dict[int, float] = {}
         self._pending_cache: dict[int, tuple[tuple, JobView]] = {}
+        self.order = PendingOrder()  # the pending order kept between passes (no re-sort of the backlog)
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -178,7 +180,7 @@ class SchedulingCycle:
             if snap is None:
                 self.last_cycle_s = time.perf_counter() - t0
                 return 0
-            decisions = plan(snap, now, self.policy)
+            decisions = plan(snap, now, self.policy, self.order)
             for st in decisions.starts:
                 job = s.get(Job, st.job_id)
                 job.allocation = [{"node": n, "gpus": list(g)} for n, g in st.allocation]

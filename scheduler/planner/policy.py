@@ -177,9 +177,11 @@ class PolicyConfig:
         elif name == "las":
             base = cls(name="las", order="las", backfill=False, queueing="best_effort")
         elif name == "qssf":
-            # Helios' quasi-shortest-service-first on predicted run times, with aging, EASY
-            # backfill on predictions, and preemption only for a much shorter job
-            base = cls(name="qssf", order="srsf", srsf_aging=QSSF_AGING,
+            # Helios' quasi-shortest-service-first on predicted run times, with aging and EASY
+            # backfill on predictions. No preemption by default: on Philly it preempted more
+            # than once per job for little gain (docs/simulation.md); `preemption = true`
+            # turns it on, for a job with 16x less service left only
+            base = cls(name="qssf", order="srsf", srsf_aging=QSSF_AGING, preemption=False,
                        srsf_preempt_ratio=QSSF_PREEMPT_RATIO, backfill_on_prediction=True)
         elif name == "oracle":
             base = cls(name="oracle", order="srsf", backfill=False, queueing="best_effort")

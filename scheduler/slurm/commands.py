@@ -16,65 +16,29 @@ from pathlib import Path
 
 import click
 
-from .hostlist import compress
+from .api import (
+    ACTIVE,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    SLURM_STATE,
+    STATE_CODES,
+    call,
+    client,
+    duration,
+    fail,
+    iso,
+    nodelist,
+    reason,
+    slurm_state,
+    when,
+)
+from .hostlist import expand
+from .scontrol import scontrol
+from .sinfo import sinfo
 
-EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
-
-# trainyard's job states (today's and Slurm's words) -> squeue's compact codes
-STATE_CODES = {
-    "PENDING": "PD", "HELD": "PD", "STARTING": "CF", "CONFIGURING": "CF", "RUNNING": "R",
-    "COMPLETING": "CG", "COMPLETED": "CD", "FAILED": "F", "CANCELLED": "CA", "TIMEOUT": "TO",
-    "PREEMPTED": "PR", "NODE_FAIL": "NF", "OUT_OF_MEMORY": "OOM",
-}
-SLURM_STATE = {"HELD": "PENDING", "STARTING": "CONFIGURING"}  # today's words in Slurm's
-ACTIVE = {"PENDING", "HELD", "STARTING", "CONFIGURING", "RUNNING", "COMPLETING"}
 SQUEUE_DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
+SQUEUE_LONG = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
 SACCT_DEFAULT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
-
-
-def _client():
-    from ..client import Client, NotConfigured
-
-    try:
-        return Client.from_env()
-    except NotConfigured as e:
-        _fail(str(e), EXIT_UNREACHABLE)
-
-
-def _fail(message: str, code: int = EXIT_REFUSED, prog: str = "slurm") -> None:
-    click.echo(f"{prog}: error: {message}", err=True)
-    sys.exit(code)
-
-
-def _call(fn: Callable, *args, prog: str = "slurm", **kwargs):
-    from ..client import ApiError, Unreachable
-
-    try:
-        return fn(*args, **kwargs)
-    except ApiError as e:
-        _fail(e.detail, EXIT_REFUSED, prog)
-    except Unreachable as e:
-        _fail(str(e), EXIT_UNREACHABLE, prog)
-
-
-def slurm_state(job: dict) -> str:
-    return SLURM_STATE.get(job["state"], job["state"])
-
-
-def reason(job: dict) -> str:
-    if job["state"] == "HELD":
-        return job.get("reason") or "JobHeldUser"
-    return job.get("reason") or "None"
-
-
-def _duration(seconds: float | None) -> str:
-    from ..units import format_duration
-
-    return format_duration(seconds) if seconds is not None else "0:00"
-
-
-def _nodelist(job: dict) -> str:
-    return compress([a["node"] for a in job.get("allocation") or []])
 
 
 # ----------------------------------------------------------------------------- squeue
@@ -88,18 +52,14 @@ def _squeue_value(job: dict, letter: str, now: float) -> str:
         "i": job["id"], "A": job.get("array_job_id") or job["id"], "a": job.get("account") or "",
         "P": job.get("queue", ""), "j": job.get("name", ""), "u": job.get("user", ""),
         "t": STATE_CODES.get(job["state"], job["state"]), "T": slurm_state(job),
-        "M": _duration(used), "l": _duration(job.get("time_limit")) if job.get("time_limit") else "UNLIMITED",
+        "M": duration(used), "l": duration(job.get("time_limit")) if job.get("time_limit") else "UNLIMITED",
         "D": job.get("nodes", 1), "C": (job.get("cpus") or 1) * (job.get("nodes") or 1),
-        "b": f"gpu:{gpus}" if gpus else "N/A", "N": _nodelist(job), "r": reason(job),
-        "R": _nodelist(job) if job.get("allocation") else f"({reason(job)})",
-        "Q": job.get("priority", 0), "V": _iso(job.get("submit_time")), "S": _iso(job.get("start_time")),
-        "e": _iso(job.get("end_time")),
+        "b": f"gpu:{gpus}" if gpus else "N/A", "N": nodelist(job), "r": reason(job),
+        "R": nodelist(job) if job.get("allocation") else f"({reason(job)})",
+        "Q": job.get("priority", 0), "V": iso(job.get("submit_time")), "S": iso(job.get("start_time")),
+        "e": iso(job.get("end_time")),
     }
     return str(values.get(letter, ""))
-
-
-def _iso(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts)) if ts else "N/A"
 
 
 def format_squeue(jobs: list[dict], fmt: str, header: bool, now: float) -> list[str]:
@@ -127,6 +87,10 @@ def format_squeue(jobs: list[dict], fmt: str, header: bool, now: float) -> list[
     return lines
 
 
+def _sort_key(text: str) -> tuple:
+    return (0, float(text), "") if text.lstrip("-").replace(".", "", 1).isdigit() else (1, 0.0, text)
+
+
 def _states(text: str | None) -> set[str] | None:
     if not text:
         return None
@@ -147,14 +111,24 @@ def _states(text: str | None) -> set[str] | None:
 @click.option("-j", "--jobs", "job_ids", help="Only these job ids (comma list).")
 @click.option("-p", "--partition", help="Only these partitions (comma list).")
 @click.option("-h", "--noheader", is_flag=True, help="No header line.")
-def squeue(fmt, me, users, states, job_ids, partition, noheader):
+@click.option("-n", "--name", "names", help="Only jobs with these names (comma list).")
+@click.option("-A", "--account", "accounts", help="Only jobs charged to these accounts (comma list).")
+@click.option("-w", "--nodelist", help="Only jobs on these nodes (hostlist).")
+@click.option("-l", "--long", "long_format", is_flag=True, help="Long format: STATE, TIME_LIMIT.")
+@click.option("-S", "--sort", help="Sort by field letters, '-' for descending (e.g. -S -Q,i).")
+@click.option("-r", "--array", is_flag=True, help="One line per array task (always so here).")
+@click.option("-a", "--all", "all_partitions", is_flag=True, help="All partitions (always so here).")
+def squeue(fmt, me, users, states, job_ids, partition, noheader, names, accounts, nodelist, long_format,
+           sort, array, all_partitions):
     """Jobs in the queue, in squeue's format and state codes."""
-    c = _client()
+    if long_format and fmt == SQUEUE_DEFAULT:
+        fmt = SQUEUE_LONG
+    c = client()
     wanted_states = _states(states)
     all_states = wanted_states is not None and ("ALL" in wanted_states or not wanted_states <= ACTIVE)
-    jobs = _call(c.jobs, all=all_states or bool(job_ids), prog="squeue")
+    jobs = call(c.jobs, all=all_states or bool(job_ids), prog="squeue")
     if me:
-        me_user = _call(c.me, prog="squeue")["user"]
+        me_user = call(c.me, prog="squeue")["user"]
         jobs = [j for j in jobs if j["user"] == me_user]
     if users:
         jobs = [j for j in jobs if j["user"] in users.split(",")]
@@ -166,7 +140,22 @@ def squeue(fmt, me, users, states, job_ids, partition, noheader):
         ids = {int(x) for x in job_ids.split(",") if x.strip().isdigit()}
         jobs = [j for j in jobs if j["id"] in ids or j.get("array_job_id") in ids]
     if partition:
-        jobs = [j for j in jobs if j.get("queue") in partition.split(",")]
+        wanted = set(partition.split(","))
+        aliases = {a: q["name"] for q in call(c.queues, prog="squeue") for a in q.get("aliases") or ()}
+        wanted |= {aliases[p] for p in wanted if p in aliases}
+        jobs = [j for j in jobs if j.get("queue") in wanted]
+    if names:
+        jobs = [j for j in jobs if j.get("name") in names.split(",")]
+    if accounts:
+        jobs = [j for j in jobs if j.get("account") in accounts.split(",")]
+    if nodelist:
+        hosts = set(expand(nodelist))
+        jobs = [j for j in jobs if hosts & {a["node"] for a in j.get("allocation") or ()}]
+    for key in reversed((sort or "").split(",")):
+        if key.strip("-+"):
+            letter = key.strip("-+")
+            jobs.sort(key=lambda j, x=letter: _sort_key(_squeue_value(j, x, time.time())),
+                      reverse=key.startswith("-"))
     for line in format_squeue(jobs, fmt, not noheader, time.time()):
         click.echo(line)
 
@@ -178,12 +167,12 @@ def scancel(job_ids):
     """Cancel jobs (silent on success, as scancel is)."""
     from ..client import ApiError
 
-    c = _client()
+    c = client()
     failed = False
     for raw in job_ids:
         job_id = raw.split("_", 1)[0]
         if not job_id.isdigit():
-            _fail(f"Invalid job id {raw}", EXIT_USAGE, "scancel")
+            fail(f"Invalid job id {raw}", EXIT_USAGE, "scancel")
         try:
             c.cancel(int(job_id))
         except ApiError as e:
@@ -221,19 +210,19 @@ def sbatch(args):
         try:
             text = Path(script_path).read_text()
         except OSError as e:
-            _fail(f"Unable to open file {script_path}: {e.strerror}", EXIT_USAGE, "sbatch")
+            fail(f"Unable to open file {script_path}: {e.strerror}", EXIT_USAGE, "sbatch")
     try:
         spec = parse(text, options, default_name=Path(script_path).name if script_path else None)
     except SbatchError as e:
-        _fail(str(e), EXIT_USAGE, "sbatch")
+        fail(str(e), EXIT_USAGE, "sbatch")
     if text is None and not spec.wrap:
-        _fail("a batch script is required: `sbatch [OPTIONS] SCRIPT` or --wrap=COMMAND", EXIT_USAGE, "sbatch")
+        fail("a batch script is required: `sbatch [OPTIONS] SCRIPT` or --wrap=COMMAND", EXIT_USAGE, "sbatch")
     if text is not None and not text.startswith("#!"):
-        _fail("This does not look like a batch script.  The first line must start with #! followed by "
+        fail("This does not look like a batch script.  The first line must start with #! followed by "
               "the path to an interpreter.", EXIT_USAGE, "sbatch")
     if spec.warning():
         click.echo(spec.warning(), err=True)
-    c = _client()
+    c = client()
     body = spec.to_submit_body(text)
     known = _api_fields(c.url)
     if known is not None:
@@ -241,7 +230,7 @@ def sbatch(args):
         if dropped:
             click.echo(f"sbatch: warning: this daemon does not take yet: {', '.join(dropped)}", err=True)
             body = {k: v for k, v in body.items() if k in known}
-    job = _call(c.submit, body, prog="sbatch")
+    job = call(c.submit, body, prog="sbatch")
     click.echo(str(job["id"]) if spec.parsable else f"Submitted batch job {job['id']}")
 
 
@@ -252,53 +241,66 @@ def _sacct_value(job: dict, field: str) -> str:
         "jobid": job["id"], "jobname": job.get("name", ""), "partition": job.get("queue", ""),
         "account": job.get("account") or "", "alloccpus": (job.get("cpus") or 1) * (job.get("nodes") or 1),
         "state": slurm_state(job), "exitcode": f"{exit_code if exit_code is not None else 0}:0",
-        "user": job.get("user", ""), "nnodes": job.get("nodes", 1), "nodelist": _nodelist(job) or "None assigned",
-        "submit": _iso(job.get("submit_time")), "start": _iso(job.get("start_time")) if job.get("start_time")
-        else "Unknown", "end": _iso(job.get("end_time")) if job.get("end_time") else "Unknown",
-        "elapsed": _duration(((job.get("end_time") or time.time()) - job["start_time"])
+        "user": job.get("user", ""), "nnodes": job.get("nodes", 1), "nodelist": nodelist(job) or "None assigned",
+        "submit": iso(job.get("submit_time")), "start": iso(job.get("start_time")) if job.get("start_time")
+        else "Unknown", "end": iso(job.get("end_time")) if job.get("end_time") else "Unknown",
+        "elapsed": duration(((job.get("end_time") or time.time()) - job["start_time"])
                              if job.get("start_time") else 0),
-        "timelimit": _duration(job.get("time_limit")) if job.get("time_limit") else "UNLIMITED",
+        "timelimit": duration(job.get("time_limit")) if job.get("time_limit") else "UNLIMITED",
         "reqmem": f"{job.get('mem') or 0}M", "allocgres": f"gpu:{job.get('gpus') or 0}",
         "reason": reason(job),
     }
     return str(values.get(field.lower(), ""))
 
 
-def _when(text: str) -> float:
-    from datetime import datetime
-
-    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%m/%d/%y"):
-        try:
-            return datetime.strptime(text, fmt).timestamp()
-        except ValueError:
-            pass
-    raise click.BadParameter(f"{text!r} is not a time; use YYYY-MM-DD[THH:MM[:SS]]")
+def accounting_jobs(c, start: float, end: float | None, user: str | None) -> list[dict]:
+    """Jobs that existed in [start, end) from /v1/accounting/jobs, with the fields of the jobs
+    the caller can still read (CPUs, memory, time limit) where the daemon has them."""
+    params = {k: v for k, v in (("start", start), ("end", end), ("user", user)) if v is not None}
+    records = call(c._call, "GET", "/v1/accounting/jobs", params=params, prog="sacct")["jobs"]
+    full = {j["id"]: j for j in call(c.jobs, all=True, prog="sacct")}
+    out = []
+    for r in records:
+        job = {"id": r["id"], "name": r.get("name", ""), "user": r["user"], "account": r.get("account"),
+               "queue": r.get("queue", ""), "state": r.get("state", ""), "submit_time": r.get("submit"),
+               "start_time": r.get("start"), "end_time": r.get("end"), "exit_code": r.get("exit_code"),
+               "allocation": r.get("allocation") or [], "nodes": len(r.get("allocation") or []) or 1}
+        out.append({**full.get(r["id"], {}), **{k: v for k, v in job.items() if v is not None}})
+    return out
 
 
 @click.command("sacct", context_settings={"help_option_names": ["--help"]})
 @click.option("-o", "--format", "fields", default=SACCT_DEFAULT, show_default=True, help="Fields, comma list.")
-@click.option("-j", "--jobs", "job_ids", help="Only these job ids.")
+@click.option("-j", "--jobs", "job_ids", help="Only these job ids (any time).")
 @click.option("-S", "--starttime", help="Jobs that ended after this time [default: 00:00 today].")
-@click.option("-E", "--endtime", help="Jobs that started before this time.")
+@click.option("-E", "--endtime", help="Jobs that started before this time [default: now].")
+@click.option("-s", "--state", "states", help="Only these states (CD,F,CA,... or COMPLETED,...).")
 @click.option("-p", "--parsable", is_flag=True, help="'|' between fields and at the end of each line.")
 @click.option("-P", "--parsable2", is_flag=True, help="'|' between fields.")
 @click.option("-n", "--noheader", is_flag=True, help="No header.")
 @click.option("-u", "--user", "users", help="Only these users.")
-def sacct(fields, job_ids, starttime, endtime, parsable, parsable2, noheader, users):
+@click.option("-a", "--allusers", is_flag=True, help="Every user's jobs (operators).")
+@click.option("-X", "--allocations", is_flag=True, help="Allocations only (trainyard has no steps).")
+def sacct(fields, job_ids, starttime, endtime, states, parsable, parsable2, noheader, users, allusers,
+          allocations):
     """Accounting of jobs, in sacct's fields and layout."""
-    c = _client()
-    jobs = sorted(_call(c.jobs, all=True, prog="sacct"), key=lambda j: j["id"])
+    c = client()
     if job_ids:
         ids = {int(x.split("_")[0]) for x in job_ids.split(",") if x.split("_")[0].isdigit()}
-        jobs = [j for j in jobs if j["id"] in ids or j.get("array_job_id") in ids]
+        jobs = sorted((j for j in call(c.jobs, all=True, prog="sacct")
+                       if j["id"] in ids or j.get("array_job_id") in ids), key=lambda j: j["id"])
     else:
-        since = _when(starttime) if starttime else time.mktime(time.localtime()[:3] + (0, 0, 0, 0, 0, -1))
-        jobs = [j for j in jobs if (j.get("end_time") or time.time()) >= since]
-    if endtime:
-        until = _when(endtime)
-        jobs = [j for j in jobs if (j.get("start_time") or j.get("submit_time") or 0) <= until]
+        since = when(starttime) if starttime else time.mktime(time.localtime()[:3] + (0, 0, 0, 0, 0, -1))
+        until = when(endtime) if endtime else None
+        one_user = users if users and "," not in users else None
+        if not users and not allusers:
+            one_user = call(c.me, prog="sacct")["user"]
+        jobs = accounting_jobs(c, since, until, one_user)
     if users:
         jobs = [j for j in jobs if j["user"] in users.split(",")]
+    wanted = _states(states)
+    if wanted:
+        jobs = [j for j in jobs if j["state"] in wanted]
     names = [f.strip() for f in fields.split(",") if f.strip()]
     widths = [int(n.split("%")[1]) if "%" in n else 10 for n in names]
     names = [n.split("%")[0] for n in names]
@@ -319,10 +321,10 @@ def sacct(fields, job_ids, starttime, endtime, parsable, parsable2, noheader, us
 
 @click.group("slurm")
 def slurm():
-    """Slurm's commands, speaking to trainyard: sbatch, squeue, scancel, sacct."""
+    """Slurm's commands, speaking to trainyard: sbatch, squeue, scancel, sacct, sinfo, scontrol."""
 
 
-for _cmd in (sbatch, squeue, scancel, sacct):
+for _cmd in (sbatch, squeue, scancel, sacct, sinfo, scontrol):
     slurm.add_command(_cmd)
 
 
@@ -331,5 +333,5 @@ def main() -> None:
     prog = os.path.basename(sys.argv[0]).removeprefix("ty-")
     command = slurm.commands.get(prog)
     if command is None:
-        _fail(f"unknown command {prog!r}; use one of {', '.join(sorted(slurm.commands))}", EXIT_USAGE)
+        fail(f"unknown command {prog!r}; use one of {', '.join(sorted(slurm.commands))}", EXIT_USAGE)
     command(prog_name=prog)

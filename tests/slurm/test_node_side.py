@@ -80,7 +80,7 @@ def test_task_environment_has_global_and_local_rank():
 
 
 def run_shim(name: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SHIMS / name), *args], env={**os.environ, **env},
+    return subprocess.run([sys.executable, str(SHIMS / f"{name}.py"), *args], env={**os.environ, **env},
                           capture_output=True, text=True, timeout=30)
 
 
@@ -114,6 +114,6 @@ def test_srun_ntasks_option_and_first_failure_is_the_exit_status():
 
 
 def test_srun_outside_a_job_is_refused():
-    r = subprocess.run([sys.executable, str(SHIMS / "srun"), "true"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(SHIMS / "srun.py"), "true"], capture_output=True, text=True,
                        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
     assert r.returncode == 1 and "not inside a job" in r.stderr

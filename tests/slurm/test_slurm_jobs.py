@@ -3,11 +3,15 @@ Slurm-style output files written as the job's user, features, node lists, partit
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import pwd
+import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -119,3 +123,48 @@ def test_an_array_writes_one_file_per_task(slurm_cluster, submit_dir):
         wait_job(c, t["id"], "COMPLETED", timeout=30)
     for i in range(3):
         assert (submit_dir / f"slurm-{parent}_{i}.out").read_text() == f"task={i} of 3 max=2\n"
+
+
+def _bundle_ships_shims() -> bool:
+    from scheduler.nodes import agent_bundle
+
+    with zipfile.ZipFile(io.BytesIO(agent_bundle()[0])) as z:
+        return "slurm/shims/srun.py" in z.namelist()
+
+
+@pytest.mark.skipif(not _bundle_ships_shims(), reason="the agent bundle does not carry the srun and "
+                    "scontrol shims yet (scheduler/nodes.py BUNDLE_MODULES)")
+def test_a_multi_node_srun_torchrun_script_runs_unchanged(slurm_cluster, submit_dir):
+    """The shape of a typical multi-node DDP script: the master is the first host of the
+    allocation, and srun starts one torchrun per node that spawns its node's workers."""
+    from tests.conftest import free_port
+
+    d = slurm_cluster
+    shutil.copy(Path(__file__).parent / "fake_torchrun.py", submit_dir / "fake_torchrun.py")
+    r = sbatch(d, submit_dir, f"""#!/bin/bash
+#SBATCH --job-name=ddp --nodes=2 --ntasks-per-node=1 --gres=gpu:2
+#SBATCH --output=%x-%j-%N.out
+export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)
+export MASTER_PORT={free_port()}
+srun bash -c 'python3 fake_torchrun.py --nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID \\
+    --nproc_per_node=2 --out=$SLURM_SUBMIT_DIR'
+""")
+    assert r.returncode == 0, r.stderr
+    job_id = int(r.stdout.strip())
+    done = wait_job(d.client(), job_id, ("COMPLETED", "FAILED"), timeout=60)
+    logs = "".join(p.read_text() for p in submit_dir.glob("ddp-*.out"))
+    assert done["state"] == "COMPLETED", logs
+    nodes = sorted(a["node"] for a in done["allocation"])
+    assert nodes == ["gpu-01", "gpu-02"]
+    peers = json.loads((submit_dir / "rendezvous.json").read_text())
+    assert [p["RANK"] for p in peers] == ["1", "2", "3"]
+    for rank in range(4):
+        seen = json.loads((submit_dir / f"rank-{rank}.json").read_text())
+        node = rank // 2
+        assert seen == {
+            "RANK": str(rank), "LOCAL_RANK": str(rank % 2), "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": str(node), "MASTER_ADDR": "gpu-01", "MASTER_PORT": seen["MASTER_PORT"],
+            "SLURM_PROCID": str(node), "SLURM_LOCALID": "0", "SLURM_NODEID": str(node),
+            "SLURM_NTASKS": "2", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu-[01-02]",
+            "SLURMD_NODENAME": nodes[node], "SLURM_JOB_ID": str(job_id), "SLURM_STEP_ID": "0",
+        }, rank

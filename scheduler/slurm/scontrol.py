@@ -1,0 +1,153 @@
+"""scontrol for people on a login host: show job/node/partition/hostnames, hold, release,
+requeue and update, as a client of trainyard's API (inside a job, the node's shim answers)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from .api import (
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    call,
+    client,
+    fail,
+    iso,
+    nodelist,
+    reason,
+    slurm_state,
+    time_limit,
+)
+from .hostlist import HostlistError, compress, expand
+from .sinfo import node_state
+
+
+def _job_ids(text: str) -> list[int]:
+    ids = []
+    for raw in text.split(","):
+        head = raw.split("_", 1)[0]
+        if not head.isdigit():
+            fail(f"Invalid job id specified: {raw!r}; give a number such as 42 (or 42_3)", EXIT_USAGE,
+                 "scontrol")
+        ids.append(int(head))
+    return ids
+
+
+def show_job(job: dict) -> str:
+    """`scontrol show job`'s KEY=VALUE layout: the fields scripts grep for, in Slurm's order."""
+    limit = time_limit(job.get("time_limit"))
+    nodes = nodelist(job) or "(null)"
+    tres = f"cpu={(job.get('cpus') or 1) * (job.get('nodes') or 1)},mem={job.get('mem') or 0}M," \
+           f"node={job.get('nodes') or 1}" + (f",gres/gpu={job['gpus'] * (job.get('nodes') or 1)}"
+                                             if job.get("gpus") else "")
+    lines = [
+        f"JobId={job['id']} JobName={job.get('name', '')}",
+        f"UserId={job.get('user', '')} Account={job.get('account') or '(null)'}",
+        f"Priority={job.get('priority', 0)} Nice={job.get('nice', 0)}",
+        f"JobState={slurm_state(job)} Reason={reason(job)} Dependency={job.get('dependency') or '(null)'}",
+        f"Requeue=1 Restarts={job.get('failures', 0)} ExitCode={job.get('exit_code') or 0}:0",
+        f"TimeLimit={limit}",
+        f"SubmitTime={iso(job.get('submit_time'))} StartTime={iso(job.get('start_time'))} "
+        f"EndTime={iso(job.get('end_time'))}",
+        f"Partition={job.get('queue', '')} NodeList={nodes}",
+        f"NumNodes={job.get('nodes') or 1} NumCPUs={(job.get('cpus') or 1) * (job.get('nodes') or 1)} "
+        f"NumTasks={job.get('ntasks') or job.get('nodes') or 1} "
+        f"CPUs/Task={job.get('cpus_per_task') or 1}",
+        f"TRES={tres}",
+        f"Features={job.get('features') or '(null)'}",
+        f"WorkDir={job.get('workdir') or '(null)'}",
+    ]
+    if job.get("array_job_id") is not None:
+        lines.insert(1, f"ArrayJobId={job['array_job_id']} ArrayTaskId={job.get('array_task_id')}")
+    return "\n   ".join(lines) + "\n"
+
+
+def show_node(node: dict, busy: set[str]) -> str:
+    labels = node.get("labels") or {}
+    features = ",".join(k if not v else f"{k}={v}" for k, v in sorted(labels.items())) or "(null)"
+    state = {"idle": "IDLE", "mix": "MIXED", "alloc": "ALLOCATED", "drng": "MIXED+DRAIN",
+             "drain": "IDLE+DRAIN", "down": "DOWN", "boot": "POWERING_UP"}.get(node_state(node, busy), "UNKNOWN")
+    gres = f"gpu:{node['gpu_model'].replace(' ', '_').lower()}:{node['gpus_total']}" \
+        if node.get("gpus_total") else "(null)"
+    lines = [
+        f"NodeName={node['name']} CPUTot={node.get('cpus', 0)}",
+        f"AvailableFeatures={features}",
+        f"Gres={gres} GresUsed=gpu:{node.get('gpus_used', 0)}",
+        f"NodeAddr={node.get('address', '')}",
+        f"RealMemory={node.get('mem_mb', 0)}",
+        f"State={state}",
+    ]
+    if node.get("reason"):
+        lines.append(f"Reason={node['reason']}")
+    return "\n   ".join(lines) + "\n"
+
+
+def _update(c, pairs: tuple[str, ...]) -> None:
+    fields = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq:
+            fail(f"update: {pair!r} is not KEY=VALUE; e.g. `scontrol update JobId=42 Priority=10`",
+                 EXIT_USAGE, "scontrol")
+        fields[key.lower()] = value
+    ids = _job_ids(fields.pop("jobid", "") or fields.pop("job", "") or "")
+    if not ids:
+        fail("update: name the job with JobId=ID", EXIT_USAGE, "scontrol")
+    for key, value in fields.items():
+        if key == "priority":
+            if not value.lstrip("-").isdigit():
+                fail(f"update: Priority={value!r} is not a whole number", EXIT_USAGE, "scontrol")
+            for job_id in ids:
+                call(c.set_priority, job_id, int(value), prog="scontrol")
+        elif key == "timelimit":
+            fail(f"update: TimeLimit cannot change on trainyard yet (job {ids[0]}); cancel and "
+                 "resubmit with the new --time", EXIT_REFUSED, "scontrol")
+        else:
+            fail(f"update: {key!r} cannot change here; Priority is the field trainyard updates",
+                 EXIT_USAGE, "scontrol")
+
+
+@click.command("scontrol", context_settings={"help_option_names": ["--help"]})
+@click.argument("words", nargs=-1, required=True)
+def scontrol(words):
+    """show job [ID]|node [NAME]|partition [NAME]|hostnames LIST|hostlist LIST; hold, release,
+    requeue JOBID[,...]; update JobId=ID Priority=N."""
+    verb, rest = words[0].lower(), words[1:]
+    if verb == "show" and rest and rest[0].lower() in ("hostnames", "hostname", "hostlist"):
+        text = rest[1] if len(rest) > 1 else os.environ.get("SLURM_JOB_NODELIST", "")
+        try:
+            click.echo("\n".join(expand(text)) if rest[0].lower() != "hostlist"
+                       else compress(text.split(",")))
+        except HostlistError as e:
+            fail(str(e), EXIT_USAGE, "scontrol")
+        return
+    c = client()
+    if verb == "show" and rest and rest[0].lower() in ("job", "jobs"):
+        jobs = [call(c.job, i, prog="scontrol") for i in _job_ids(rest[1])] if len(rest) > 1 \
+            else call(c.jobs, prog="scontrol")
+        click.echo("\n".join(show_job(j) for j in jobs), nl=False)
+    elif verb == "show" and rest and rest[0].lower() in ("node", "nodes"):
+        nodes = [call(c.node, rest[1], prog="scontrol")] if len(rest) > 1 else call(c.nodes, prog="scontrol")
+        busy = {a["node"] for j in call(c.jobs, prog="scontrol") if j["state"] == "RUNNING"
+                for a in j.get("allocation") or ()}
+        click.echo("\n".join(show_node(n, busy) for n in nodes), nl=False)
+    elif verb == "show" and rest and rest[0].lower() in ("partition", "partitions"):
+        for q in call(c.queues, prog="scontrol"):
+            if len(rest) > 1 and rest[1] not in [q["name"], *(q.get("aliases") or ())]:
+                continue
+            click.echo(f"PartitionName={q['name']}\n   Default={'YES' if q['name'] == 'default' else 'NO'} "
+                       f"State={'UP' if q['state'] == 'open' else 'INACTIVE'} "
+                       f"MaxTime={time_limit(q.get('max_time_limit'))} "
+                       f"DefaultTime={time_limit(q.get('default_time_limit'))}\n"
+                       f"   Aliases={','.join(q.get('aliases') or []) or '(null)'} "
+                       f"PriorityTier={q.get('priority', 0)}\n")
+    elif verb in ("hold", "uhold", "release", "requeue") and rest:
+        action = {"hold": c.hold, "uhold": c.hold, "release": c.release, "requeue": c.requeue}[verb]
+        for job_id in _job_ids(",".join(rest)):
+            call(action, job_id, prog="scontrol")
+    elif verb == "update" and rest:
+        _update(c, rest)
+    else:
+        fail(f"invalid command {' '.join(words)!r}; use show job|node|partition|hostnames, hold, "
+             "release, requeue or update", EXIT_USAGE, "scontrol")

@@ -1,0 +1,77 @@
+"""Submit under load: 8 concurrent clients submit 10,000 1-GPU `true` jobs over the API while the
+4-node demo (32 simulated GPUs) runs them. Prints the sustained rate, submit latency percentiles,
+the daemon's CPU, and whether every job was stored exactly once and ran to COMPLETED. Run:
+    .venv/bin/python tests/bench/bench_submit_load.py [JOBS] [CLIENTS]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+from _harness import demo, machine, now, percentile
+from _http import Connection
+
+
+def cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def client(url: str, token: str, count: int, lat: list[float], ids: list[int]) -> None:
+    c = await Connection(url, token).open()
+    body = {"command": ["true"], "gpus": 1, "name": "load"}
+    try:
+        for _ in range(count):
+            t0 = now()
+            status, job = await c.request("POST", "/v1/jobs", body)
+            lat.append(now() - t0)
+            if status != 201:
+                raise SystemExit(f"submit answered {status}: {job}")
+            ids.append(job["id"])
+    finally:
+        await c.close()
+
+
+async def run(url: str, token: str, pid: int, jobs: int, clients: int) -> None:
+    lat: list[float] = []
+    ids: list[int] = []
+    per = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
+    cpu0, t0 = cpu_s(pid), now()
+    await asyncio.gather(*(client(url, token, n, lat, ids) for n in per))
+    wall = now() - t0
+    cpu = cpu_s(pid) - cpu0
+    print(f"submitted {len(ids):,} jobs from {clients} clients in {wall:.2f} s: {len(ids) / wall:,.0f} jobs/s; "
+          f"latency p50 {percentile(lat, 50) * 1000:.1f} ms, p99 {percentile(lat, 99) * 1000:.1f} ms, "
+          f"max {max(lat) * 1000:.1f} ms; daemon CPU {cpu / wall * 100:.0f} % of one core")
+    c = await Connection(url, token).open()
+    deadline = time.monotonic() + 600
+    while True:
+        _, cluster = await c.request("GET", "/v1/cluster")
+        by = cluster["jobs_by_state"]
+        if by.get("COMPLETED", 0) >= len(ids) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    drained = now() - t0
+    _, rows = await c.request("GET", "/v1/jobs?all=true&limit=100000")
+    await c.close()
+    stored = [r["id"] for r in rows if r["name"] == "load"]
+    completed = sum(1 for r in rows if r["name"] == "load" and r["state"] == "COMPLETED")
+    lost = set(ids) - set(stored)
+    print(f"first submit to last COMPLETED: {drained:.2f} s; rows {len(stored):,}, distinct ids "
+          f"{len(set(stored)):,}, answered ids {len(set(ids)):,}, lost {len(lost)}, "
+          f"duplicated {len(stored) - len(set(stored))}, COMPLETED {completed:,}; states {by}")
+
+
+def main() -> None:
+    jobs = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+    clients = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f}")
+    with demo(4, 8) as (url, token, proc):
+        asyncio.run(run(url, token, proc.pid, jobs, clients))
+
+
+if __name__ == "__main__":
+    main()
