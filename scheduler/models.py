@@ -141,6 +141,12 @@ class Job(SQLModel, table=True):
     mail_user: str = ""
     notify_url: str = ""
     export: str = "ALL"
+    # a container job: the image as submitted, pyxis-style mounts, the workdir inside, and the
+    # digest the nodes actually ran (recorded from the agent's `started`)
+    image: str = ""
+    container_mounts: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False, default=list))
+    container_workdir: str = ""
+    image_digest: str = ""
     # options accepted and recorded where trainyard has no such thing yet (shown once as a warning)
     recorded: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False, default=dict))
     signal_time: float | None = None  # when this attempt got its --signal before the time limit

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,9 +32,13 @@ class SimNode:
     port: int = 0
     server: asyncssh.SSHAcceptor | None = None
     processes: set = field(default_factory=set)
+    fleet: FleetAgent | None = None  # set: the node answers the agent protocol in-process
 
 
 async def _run_command(node: SimNode, process: asyncssh.SSHServerProcess) -> None:
+    if node.fleet is not None:
+        await node.fleet.serve(process)
+        return
     env = dict(os.environ)
     env.update({"HOME": str(node.root), "TRAINYARD_SIM_GPUS": str(node.gpus), "TRAINYARD_SIM_NODE": node.name,
                 "TRAINYARD_SIM_CPUS": str(max(8, node.gpus * 8)),
@@ -107,3 +112,172 @@ async def stop_sim_nodes(nodes: list[SimNode]) -> None:
         for proc in list(node.processes):
             if proc.returncode is None:
                 proc.kill()
+
+
+# ------------------------------------------------------------------ a fleet of many nodes
+# A thousand agents as processes would need a thousand Pythons; a fleet node instead answers
+# the agent protocol inside this process, behind a real SSH server: the daemon's side (SSH,
+# locate, hello, sync, launch, telemetry) is exactly what it is for a real node.
+
+SIGNAL_RC = {"TERM": 143, "KILL": 137, "INT": 130}
+
+
+class FleetAgent:
+    """The agent protocol of one simulated node, answered in-process: `sleep N` ends after N
+    seconds, anything else at once with status 0; telemetry from the GPU simulator."""
+
+    def __init__(self, node: SimNode):
+        from .simgpu import SimulatedGpus
+
+        self.node = node
+        self.gpus = SimulatedGpus(node.gpus)
+        self.jobs: dict[str, dict] = {}  # key -> {"state", "rc", "end_time", "gpus", "job_id"}
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.out: asyncssh.SSHWriter | None = None
+
+    async def serve(self, process: asyncssh.SSHServerProcess) -> None:
+        command = process.command or ""
+        if "--node" not in command:  # the daemon's locate (nodestate.py): the directory and bundle
+            import json
+
+            process.stdout.write(json.dumps({"uid": os.geteuid(), "user": "fleet", "python": "3.11",
+                                             "dir": str(self.node.root / "agent"), "have_bundle": True})
+                                 .encode() + b"\n")
+            process.exit(0)
+            return
+        interval = float(command.split("--telemetry", 1)[1].split()[0]) if "--telemetry" in command else 2.0
+        self.out = process.stdout
+        self._send(self._hello())
+        ticker = asyncio.get_running_loop().create_task(self._telemetry(interval))
+        try:
+            while line := await process.stdin.readline():
+                self._handle(line)
+        except (asyncssh.Error, OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            ticker.cancel()
+            self.out = None
+            with contextlib.suppress(Exception):
+                process.exit(0)
+
+    def _hello(self):
+        from . import protocol as P
+
+        return P.Hello(protocol=P.PROTOCOL_VERSION, host="fleet", node=self.node.name, pid=os.getpid(),
+                       user="fleet", cpus=max(8, self.node.gpus * 8),
+                       mem_mb=max(1, self.node.gpus) * 128 * 1024, gpu_source="simulated",
+                       gpu_model=self.gpus.model, gpus=self.gpus.describe(), gpu_note=self.gpus.note,
+                       root="", min_uid=1000)
+
+    def _send(self, msg) -> None:
+        from . import protocol as P
+
+        if self.out is not None:
+            self.out.write(P.encode(msg).encode())
+
+    async def _telemetry(self, interval: float) -> None:
+        from . import protocol as P
+
+        while True:
+            await asyncio.sleep(interval)
+            busy = {g: j["job_id"] for j in self.jobs.values() if j["state"] == "running" for g in j["gpus"]}
+            self._send(P.Telemetry(time=time.time(), source="simulated", gpus=self.gpus.telemetry(busy)))
+
+    def _handle(self, line: bytes | str) -> None:
+        import json
+
+        from . import protocol as P
+
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return
+        op, key = msg.get("op"), msg.get("key")
+        if op == "launch":
+            self.jobs[key] = {"state": "running", "rc": None, "end_time": None, "gpus": msg.get("gpus") or [],
+                              "job_id": msg.get("job_id")}
+            self._send(P.Started(key, pid=0))
+            argv = msg.get("argv") or []
+            seconds = float(argv[1]) if len(argv) == 2 and argv[0] == "sleep" else 0.0
+            self.timers[key] = asyncio.get_running_loop().call_later(seconds, self._exit, key, 0)
+        elif op == "signal" and key in self.timers:
+            self.timers[key].cancel()
+            self._exit(key, SIGNAL_RC.get(msg.get("sig"), 143))
+        elif op == "sync":
+            jobs = [{"key": k, **({"state": "exited", "rc": j["rc"], "end_time": j["end_time"]}
+                                  if j["state"] == "exited" else {"state": "running", "pid": 0})}
+                    for k, j in self.jobs.items()]
+            self._send(P.Jobs(id=msg.get("id"), jobs=jobs))
+        elif op == "forget":
+            for k in msg.get("keys") or ():
+                if self.jobs.get(k, {}).get("state") == "exited":
+                    del self.jobs[k]
+        elif op == "ping":
+            self._send(P.Pong(msg.get("id")))
+        elif msg.get("id") is not None:
+            self._send(P.Error(f"{op!r} is not simulated on fleet nodes", id=msg.get("id")))
+
+    def _exit(self, key: str, rc: int) -> None:
+        from . import protocol as P
+
+        self.timers.pop(key, None)
+        job = self.jobs.get(key)
+        if job is None or job["state"] != "running":
+            return
+        job.update(state="exited", rc=rc, end_time=time.time())
+        self._send(P.Exited(key, rc=rc, end_time=job["end_time"]))
+
+
+async def start_fleet(base: Path, count: int, gpus: int, client_public_key: str, host_key: asyncssh.SSHKey,
+                      prefix: str = "fleet") -> list[SimNode]:
+    """`count` nodes that share one host key, each an SSH server whose agent is a FleetAgent."""
+    authorized = asyncssh.import_authorized_keys(client_public_key)
+    nodes = []
+    for i in range(1, count + 1):
+        node = SimNode(f"{prefix}-{i:04d}", base / f"{prefix}-{i:04d}", gpus, host_key)
+        node.root.mkdir(parents=True, exist_ok=True)
+        node.fleet = FleetAgent(node)
+
+        def process_factory(process, node=node):
+            return _run_command(node, process)
+
+        node.server = await asyncssh.listen(
+            "127.0.0.1", 0, server_host_keys=[host_key], authorized_client_keys=authorized,
+            process_factory=process_factory, encoding=None, line_editor=False, keepalive_interval=30,
+            config=[],
+        )
+        node.port = node.server.sockets[0].getsockname()[1]
+        nodes.append(node)
+    return nodes
+
+
+def main() -> None:
+    """`python -m scheduler.simnode COUNT GPUS DIR AUTHORIZED_KEY_FILE`: run a fleet until SIGTERM.
+
+    Writes the fleet's host key to DIR/host_key and prints one line per node, `NAME PORT`, then
+    `ready`."""
+    import signal
+    import sys
+
+    count, gpus, base, pub = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+
+    async def run() -> None:
+        base.mkdir(parents=True, exist_ok=True)
+        key = asyncssh.generate_private_key("ssh-ed25519")
+        (base / "host_key.pub").write_bytes(key.export_public_key())
+        nodes = await start_fleet(base, count, gpus, pub.read_text(), key)
+        for n in nodes:
+            print(n.name, n.port)
+        print("ready", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await stop_sim_nodes(nodes)
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

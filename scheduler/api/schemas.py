@@ -145,6 +145,11 @@ class JobSubmit(Strict):
                                description="[B:]SIG[@SECONDS], e.g. USR1@60: SIG that long before the time limit "
                                            "and at the start of a preemption's grace period")
     idle_opt_out: bool | None = Field(default=None, description="exempt from idle reclaim, where the queue allows")
+    image: str | None = Field(default=None, max_length=512, pattern=NO_NUL,
+                              description="run in a container: [REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST]")
+    container_mounts: list[Annotated[str, Field(max_length=4096, pattern=NO_NUL)]] | str | None = Field(
+        default=None, description="SRC[:DST[:ro|rw]], as a list or comma-separated (pyxis)")
+    container_workdir: str | None = Field(default=None, max_length=4096, pattern="^/")
     requeue: bool | None = None
     begin: float | None = Field(default=None, ge=0, le=1e11, description="epoch seconds")
     qos: str | None = Field(default=None, max_length=64, pattern=NO_NUL)
@@ -179,6 +184,31 @@ class JobSubmit(Strict):
         if v is None or (isinstance(v, str) and v.strip().upper() in ("UNLIMITED", "INFINITE")):
             return None if v is None else "UNLIMITED"
         return parse_time_limit(v, "time_limit")
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v):
+        if v is not None:
+            from ..containers import ContainerError, parse_image
+
+            try:
+                parse_image(v)
+            except ContainerError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("container_mounts")
+    @classmethod
+    def _mounts(cls, v):
+        if v is None:
+            return None
+        from ..containers import ContainerError, parse_mounts
+
+        try:
+            mounts = parse_mounts(v)
+        except ContainerError as e:
+            raise ValueError(str(e)) from None
+        return [f"{m['src']}:{m['dst']}" + (":ro" if m["ro"] else "") for m in mounts]
 
     @field_validator("signal")
     @classmethod
@@ -359,6 +389,9 @@ class JobRead(Open):
     mail_type: list[str] = Field(default_factory=list)
     mail_user: str | None = None
     recorded: dict[str, str] = Field(default_factory=dict)
+    image: str | None = None
+    image_digest: str | None = None
+    container_mounts: list[str] = Field(default_factory=list)
 
 
 class NodeRead(Open):

@@ -238,8 +238,6 @@ class Autoscaler:
                 problems.append(f"autoscale.{name}: pool {name} is an on-prem pool; only AWS pools "
                                 "are scaled (remove [autoscale." + name + "])")
                 continue
-            if settings.max > 512:
-                problems.append(f"autoscale.{name}.max: at most 512 nodes per pool, got {settings.max}")
             self.pools[name] = PoolState(settings, pool)
         if problems:
             raise SettingsError(problems)

@@ -110,6 +110,7 @@ class Daemon:
                                      ansible_bootstrap(self.key_path.parent / "id_ed25519.pub"),
                                      self._queue_selector)
         self.autoscaler.check()  # a pool that is not AWS in the stack: refused at start
+        self.cycle.refine_reason = self.autoscaler.pending_reason
         self._logs_expire_at = 0.0
         self.leadership = Leadership(self.engine, self.db_url, lambda: self.url)
         self.store.fence = self.leadership.fence
@@ -266,10 +267,20 @@ class Daemon:
             elif self.gate.owns(msg.get("key")):  # a health check's job, not a user's
                 self.gate.on_agent_event(name, msg)
             elif ev == "started":
-                self.reconciler.on_started(name, msg["key"])
+                self.reconciler.on_started(name, msg["key"], msg.get("image_digest"))
             elif ev == "exited":
                 end = RankExit(msg.get("rc"), lost=bool(msg.get("lost")), oom=bool(msg.get("oom")))
                 self.reconciler.on_exited(name, msg["key"], end, msg.get("end_time"))
+            elif ev == "pulled":
+                if msg.get("key"):
+                    self.store.audit("trainyard", "job.pulled", str(msg["key"]).partition(".")[0],
+                                     {"node": name, "image": msg.get("image"), "digest": msg.get("digest"),
+                                      "cached": bool(msg.get("cached")), "error": msg.get("error") or None})
+                failed = self.dispatcher.on_pulled(name, msg)
+                if failed is not None:
+                    self.reconciler.on_launch_failed(name, f"{failed[0].id}.{failed[0].attempt}", failed[1])
+            elif ev == "pull_progress":
+                self.reconciler.on_pull_progress(name, msg)
             elif ev == "launch_failed":
                 self.reconciler.on_launch_failed(name, msg["key"], str(msg.get("reason", "")))
             elif ev == "error":

@@ -78,6 +78,7 @@ class Dispatcher:
         self.unix_user = unix_user
         self.cluster = cluster
         self.on_dispatch: Callable[[Job], None] | None = None  # the log store records the ranks
+        self.pulls: dict[int, dict] = {}  # container jobs whose image is being pulled: id -> state
 
     def environment(self, job: Job, rank: int) -> dict[str, str]:
         ranks = [a["node"] for a in job.allocation]
@@ -106,8 +107,32 @@ class Dispatcher:
     def dispatch(self, job: Job) -> None:
         if self.on_dispatch is not None:
             self.on_dispatch(job)
+        if job.image:  # pull on every node of the gang first, so that the ranks start together
+            nodes = [a["node"] for a in job.allocation]
+            self.pulls[job.id] = {"job": job, "key": job_key(job), "waiting": set(nodes)}
+            for n in nodes:
+                self.links.send(n, {"op": "pull", "image": job.image, "key": job_key(job)})
+            return
         for a in job.allocation:
             self.dispatch_rank(job, a["node"])
+
+    def on_pulled(self, node: str, msg: dict) -> tuple[Job, str] | None:
+        """A node has the image (or failed to get it): launch once every node has it; a failure
+        is returned as (job, reason) for the job to fail with."""
+        key = msg.get("key")
+        entry = next((e for e in self.pulls.values() if e["key"] == key), None)
+        if entry is None or node not in entry["waiting"]:
+            return None
+        job = entry["job"]
+        if msg.get("error"):
+            del self.pulls[job.id]
+            return job, f"pulling {job.image} failed on {node}: {msg['error']}"
+        entry["waiting"].discard(node)
+        if not entry["waiting"]:
+            del self.pulls[job.id]
+            for a in job.allocation:
+                self.dispatch_rank(job, a["node"])
+        return None
 
     def dispatch_rank(self, job: Job, node: str) -> None:
         ranks = [a["node"] for a in job.allocation]
@@ -121,4 +146,6 @@ class Dispatcher:
             "script": job.script, "env": self.environment(job, rank), "workdir": workdir,
             "gpus": job.allocation[rank]["gpus"], "user": self.unix_user(job.user),
             "cpus": job.cpus, "mem_mb": job.mem_mb, "stdout": stdout, "stderr": stderr,
+            "image": job.image or None, "mounts": list(job.container_mounts or ()),
+            "container_workdir": job.container_workdir or None,
         })

@@ -62,7 +62,8 @@ SLURM_FIELDS = {
     "signal": "signal", "requeue": "requeue", "begin": "begin_time", "qos": "qos",
     "comment": "comment", "wckey": "wckey", "reservation": "reservation", "mail_type": "mail_type",
     "mail_user": "mail_user", "notify_url": "notify_url", "export": "export", "recorded": "recorded",
-    "idle_opt_out": "idle_opt_out",
+    "idle_opt_out": "idle_opt_out", "image": "image", "container_mounts": "container_mounts",
+    "container_workdir": "container_workdir",
 }
 
 
@@ -162,7 +163,7 @@ class JobService:
                 attained_gpu_s=0.0, array_task_id=tasks[0], array_parent=None,
                 array_limit=limit_tasks if req.array else None, array_spec=req.array or "",
             )
-            values.update(SLURM_DEFAULTS)
+            values.update(SLURM_DEFAULTS, image_digest="")
             values.update({SLURM_FIELDS[k]: v for k, v in req.slurm.items() if k in SLURM_FIELDS and v is not None})
             if req.slurm.get("begin") and req.slurm["begin"] > now:
                 values["eligible_time"] = req.slurm["begin"]

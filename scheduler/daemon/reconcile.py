@@ -20,7 +20,7 @@ log = logging.getLogger("trainyard.daemon")
 GPU_SOURCES = ("nvml", "simulated", "declared")
 # what hello tells about the node that `trainyard nodes` shows (fencing: how jobs are isolated)
 AGENT_FACTS = ("protocol", "host", "user", "root", "jobs_as_owners", "min_uid", "fencing", "gpu_note",
-               "driver_version", "runtimes")
+               "driver_version", "containers")
 
 
 class Reconciler:
@@ -116,11 +116,26 @@ class Reconciler:
     # Reports that arrive in the same loop tick are committed together: one transaction (and one
     # fsync) for a burst of ends, instead of one per message. Each is committed before anything
     # is acted on (forget, a woken scheduling cycle), so write-ahead holds.
-    def on_started(self, name: str, key: str) -> None:
-        self._report(self._started, name, key)
+    def on_started(self, name: str, key: str, image_digest: str | None = None) -> None:
+        self._report(self._started, name, key, image_digest)
 
     def on_exited(self, name: str, key: str, end: RankExit, end_time: float | None) -> None:
         self._report(self._exited, name, key, end, end_time)
+
+    def on_pull_progress(self, name: str, msg: dict) -> None:
+        """A CONFIGURING container job says which node is pulling its image, and how far."""
+        try:
+            job_id, attempt = parse_key(msg.get("key") or "")
+        except ValueError:
+            return
+        total = msg.get("layers_total")
+        done = msg.get("layers_done", 0)
+        reason = f"pulling {msg.get('image')} on {name} ({done}{'/' + str(total) if total else ''} layers)"
+        with self.store.tx() as s:
+            job = s.get(Job, job_id)
+            if job is not None and job.attempt == attempt and job.state == m.CONFIGURING:
+                job.reason = reason[:500]
+                s.add(job)
 
     def on_launch_failed(self, name: str, key: str, reason: str) -> None:
         """The agent could not start a rank (no such account, refused user): the job FAILS with why."""
@@ -156,11 +171,13 @@ class Reconciler:
         for act in acts:
             act()
 
-    def _started(self, s, acts: list, name: str, key: str) -> None:
+    def _started(self, s, acts: list, name: str, key: str, image_digest: str | None = None) -> None:
         job_id, attempt = parse_key(key)
         job = s.get(Job, job_id)
         if job is None or job.attempt != attempt or job.state != m.CONFIGURING:
             return
+        if image_digest:  # the digest actually run, whatever tag was asked for
+            job.image_digest = image_digest
         self.store.set_state(s, job, m.RUNNING, node=name)
         acts.append(lambda: self.observe_latency(job))
 

@@ -15,6 +15,7 @@ from .. import models as m
 from ..models import Job, Node, Queue
 from ..planner import (
     HELD,
+    RESOURCES,
     JobView,
     NodeView,
     PolicyConfig,
@@ -42,7 +43,7 @@ VIEW_COLUMNS = (_T.id, _T.user, _T.queue, _T.name, _T.gpus, _T.nodes, _T.cpus, _
                 _T.gpu_type, _T.priority, _T.submit_time, _T.state, _T.held, _T.time_limit_s,
                 _T.start_time, _T.allocation, _T.dependency, _T.constraint, _T.exclusive,
                 _T.nice, _T.account, _T.array_parent, _T.array_limit, _T.attained_gpu_s,
-                _T.kill_reason, _T.kill_time, _T.attempt, _T.features, _T.nodelist, _T.exclude)
+                _T.kill_reason, _T.kill_time, _T.attempt, _T.features, _T.nodelist, _T.exclude, _T.image)
 # pending jobs hold no allocation: skip decoding that JSON column for them
 PENDING_COLUMNS = tuple(literal_column("NULL").label("allocation") if c.name == "allocation" else c
                         for c in VIEW_COLUMNS)
@@ -61,8 +62,26 @@ def job_view(r) -> JobView:
         nice=x["nice"], account=x["account"], array_parent=x["array_parent"],
         array_limit=x["array_limit"], attained_gpu_s=x["attained_gpu_s"],
         preempted_at=x["kill_time"] if x["kill_reason"] == "preempt" else None,
-        features=x["features"] or "", nodelist=tuple(x["nodelist"] or ()), exclude=tuple(x["exclude"] or ()),
+        features=with_runtime(x["features"] or "", bool(x["image"])), nodelist=tuple(x["nodelist"] or ()),
+        exclude=tuple(x["exclude"] or ()),
     )
+
+
+CONTAINER_FEATURE = "container-runtime"  # a node feature the daemon adds where the agent found one
+
+
+def with_runtime(features: str, image: bool) -> str:
+    """A container job needs a node with a container runtime: a feature like any other."""
+    if not image:
+        return features
+    return f"({features})&{CONTAINER_FEATURE}" if features else CONTAINER_FEATURE
+
+
+def node_labels(n: Node) -> dict[str, str]:
+    labels = dict(n.labels)
+    if ((n.agent_info or {}).get("containers") or {}).get("runtime"):
+        labels[CONTAINER_FEATURE] = n.agent_info["containers"]["runtime"]
+    return labels
 
 
 def view_rows(s: Session, columns, *where) -> list:
@@ -88,6 +107,7 @@ class SchedulingCycle:
         self.last_cycle_s = 0.0
         self.starting_since: dict[int, float] = {}
         self._pending_cache: dict[int, tuple[tuple, JobView]] = {}
+        self.refine_reason = None  # job id -> a more specific "Resources" (the autoscaler's)
         self.order = PendingOrder()  # the pending order kept between passes (no re-sort of the backlog)
         self._wake = asyncio.Event()
 
@@ -151,7 +171,7 @@ class SchedulingCycle:
                                 and g not in self.health.excluded_gpus(n.name)),
                 cpus_total=n.cpus, cpus_free=n.cpus - cpus_used.get(n.name, 0),
                 mem_total_mb=n.mem_mb, mem_free_mb=n.mem_mb - mem_used.get(n.name, 0),
-                gpu_model=n.gpu_model, labels=dict(n.labels),
+                gpu_model=n.gpu_model, labels=node_labels(n),
                 schedulable=n.state == m.UP and self.links.connected(n.name),
             )
             for n in nodes
@@ -210,8 +230,7 @@ class SchedulingCycle:
             self.dispatcher.dispatch(job)
         return len(started)
 
-    @staticmethod
-    def _commit_waits(s: Session, waits, rows: dict[int, tuple]) -> None:
+    def _commit_waits(self, s: Session, waits, rows: dict[int, tuple]) -> None:
         """Write only the pending reasons and estimated starts that changed (one batched UPDATE)."""
         changed = []
         for w in waits:
@@ -219,6 +238,8 @@ class SchedulingCycle:
             new = w.reason
             if new == HELD:  # Slurm tells a user's hold from an operator's
                 new = m.HOLD_REASONS.get(held, m.HELD_USER)
+            elif new == RESOURCES and self.refine_reason is not None:  # e.g. why a scale-up failed
+                new = self.refine_reason(w.job_id) or new
             if reason != new or est != w.estimated_start:
                 changed.append({"b_id": w.job_id, "b_reason": new, "b_est": w.estimated_start})
         if changed:

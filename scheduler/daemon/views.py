@@ -29,6 +29,8 @@ def job_json(j, viewer: Caller | None = None) -> dict[str, Any]:
         "requeue": bool(j.requeue), "begin": j.begin_time, "qos": j.qos or None, "comment": j.comment or None,
         "mail_type": list(j.mail_type or ()), "mail_user": j.mail_user or None,
         "recorded": dict(j.recorded or {}),
+        "image": j.image or None, "image_digest": j.image_digest or None,
+        "container_mounts": list(j.container_mounts or ()),
     }
 
 

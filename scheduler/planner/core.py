@@ -525,6 +525,9 @@ def no_nodes_reason(job: JobView, selector) -> tuple[str, str]:
     size = f"{job.nodes} schedulable node(s) with {job.gpus} GPUs"
     if job.nodelist:
         return REQ_NODE_NOT_AVAIL, f"no {size} among the requested nodes {','.join(job.nodelist)}"
+    if "container-runtime" in job.features:
+        return BAD_CONSTRAINT, (f"no {size} with a container runtime (an --image job runs only where "
+                                "the node's agent found podman, docker or enroot)")
     if job.constraint or job.gpu_type or job.features or job.exclude or selector:
         return BAD_CONSTRAINT, (f"no {size} match queue {job.queue}'s nodes, --gpu-type and "
                                 "--constraint")

@@ -299,8 +299,8 @@ def test_the_health_rules_equal_the_ones_built_from_the_same_table(table):
                                              "node's own disk"),
     ({"nodes": {"min_uid": 0}}, "nodes.min_uid: must be >= 1, got 0"),
     ({"nodes": {"min_uid": "1000"}}, "nodes.min_uid: expected a whole number, got '1000'"),
-    ({"node": {}}, "node: unknown table (value {}); known tables: accounting, daemon, gate, health, logs, "
-                   "nodes, notify, queues, scheduler, teams, users"),
+    ({"node": {}}, "node: unknown table (value {}); known tables: accounting, autoscale, daemon, gate, health, "
+                   "infra, logs, nodes, notify, queues, scheduler, teams, users"),
 ])
 def test_a_bad_value_is_refused_naming_its_key_and_value(doc, message):
     got = problems(doc)

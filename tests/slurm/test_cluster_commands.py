@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +24,7 @@ max_time = "1d"
 def cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("slurmcmds")
     d = DaemonProc(base, extra_config=CONFIG).start()
+    d.submit_dir = submit_dir()
     nodes = []
     try:
         for name in ("gpu-01", "gpu-02"):
@@ -35,14 +39,23 @@ def cluster(tmp_path_factory):
         d.stop()
 
 
+def submit_dir() -> Path:
+    """A directory every job account can write its slurm-%j.out into (as root, jobs run as another)."""
+    root = Path("/var/tmp/trainyard-tests")
+    root.mkdir(mode=0o711, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix="slurmcmds-", dir=root))
+    os.chmod(d, 0o1777)
+    return d
+
+
 def slurm(d: DaemonProc, *args: str) -> subprocess.CompletedProcess:
     env = {**d.env, "TRAINYARD_URL": d.url, "TRAINYARD_TOKEN": d.token}
     return subprocess.run([sys.executable, "-m", "scheduler.slurm.commands_main", *args], env=env,
-                          capture_output=True, text=True, timeout=60, cwd=d.base)
+                          capture_output=True, text=True, timeout=60, cwd=d.submit_dir)
 
 
 def submit(d: DaemonProc, *args: str, script: str = "#!/bin/sh\nsleep 60\n") -> int:
-    path = d.base / f"job-{time.monotonic_ns()}.sh"
+    path = d.submit_dir / f"job-{time.monotonic_ns()}.sh"
     path.write_text(script)
     r = slurm(d, "sbatch", "--parsable", *args, str(path))
     assert r.returncode == 0, r.stderr
@@ -62,7 +75,8 @@ def test_sinfo_shows_partitions_and_node_states_as_they_change(cluster):
     whole = submit(d, "-p", "defq", "-w", "gpu-01", "--gres=gpu:2")
     half = submit(d, "-w", "gpu-02", "--gres=gpu:1")
     for job_id in (whole, half):
-        wait_job(c, job_id, "RUNNING", timeout=30)
+        j = wait_job(c, job_id, ("RUNNING", "FAILED", "CANCELLED"), timeout=30)
+        assert j["state"] == "RUNNING", j
     wait_for(lambda: c.node("gpu-01")["gpus_used"] == 2 and c.node("gpu-02")["gpus_used"] == 1, 20)
     r = slurm(d, "sinfo", "-N", "-p", "defq", "-h")
     assert [line.split() for line in r.stdout.splitlines()] == [

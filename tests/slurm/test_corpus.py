@@ -6,6 +6,7 @@ commit and path). Expectations were worked out from Slurm's documented meaning o
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,63 @@ def test_fraction_that_parses_unchanged():
             refused.append(f"{path.name}: {e}")
     print(f"\ncorpus: {len(SCRIPTS) - len(refused)}/{len(SCRIPTS)} scripts parse unchanged")
     assert not refused
+
+
+NODES = ("huang-l40s-1", "ttnusa6")  # named by -w in 15-nodelist-qos and 24-nodelist-torchrun
+PARTITIONS = sorted({e[11] for e in EXPECTED.values() if e[11]})
+
+
+def test_fraction_that_runs_unchanged_on_a_daemon(daemon_factory, sshd_factory):
+    """Each script submitted as is (held) to a real daemon whose one queue carries the corpus's
+    partition names as aliases; it runs unchanged when the daemon takes it and records the
+    allocation Slurm would give. The cluster has two nodes: a script asking for more is refused,
+    as Slurm refuses it on a cluster that small. The README's figure is this test's."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import add_sshd_node
+
+    d = daemon_factory(extra_config=f"\n[queues.gpu]\naliases = {json.dumps([p for p in PARTITIONS if p != 'gpu'])}\n")
+    env = {**d.env, "TRAINYARD_URL": d.url, "TRAINYARD_TOKEN": d.token}
+    c = d.client()
+    # the nodes the corpus names with -w exist, as real sshd nodes with every feature it asks for
+    features = {f for p in SCRIPTS if (cons := load(p).constraint) for f in re.findall(r"[\w.-]+", cons)}
+    for name in NODES:
+        add_sshd_node(d, sshd_factory(name, d.public_key), gpus=8, labels=dict.fromkeys(features, ""))
+    failures = []
+    for path in SCRIPTS:
+        r = subprocess.run([sys.executable, "-m", "scheduler.slurm.commands_main", "sbatch", "--hold",
+                            "--parsable", str(path)], env=env, capture_output=True, text=True, timeout=60,
+                           cwd=d.base)
+        if r.returncode != 0:
+            failures.append(f"{path.stem}: refused: {r.stderr.strip().splitlines()[-1]}")
+            continue
+        nodes, _ntasks, _tpn, gpus, gpu_type, cpus, mem, seconds, array, name, _out, part = EXPECTED[path.stem]
+        job = c.job(int(r.stdout.strip().split("_")[0]))
+        got = (job["nodes"], job["gpus"], job["gpu_type"], job["cpus"], job["time_limit"], job["name"],
+               job["queue"])
+        want = (nodes, gpus, gpu_type, cpus, seconds, name, "gpu" if part else "default")
+        if mem is not None:
+            got, want = got + (job["mem"],), want + (mem,)
+        if array is not None:
+            tasks = [j for j in c.jobs(all=True) if j["array_job_id"] == job["array_job_id"]]
+            got, want = got + (len(tasks),), want + (len(list(_indices(array))),)
+        if got != want:
+            failures.append(f"{path.stem}: got {got}, Slurm gives {want}")
+    ran = len(SCRIPTS) - len(failures)
+    print(f"\ncorpus: {ran}/{len(SCRIPTS)} ({100 * ran / len(SCRIPTS):.0f} %) scripts run unchanged "
+          "with Slurm's allocation")
+    for f in failures:
+        print("  " + f)
+    assert ran >= 0.9 * len(SCRIPTS), failures
+
+
+def _indices(spec: str):
+    for part in spec.split("%")[0].split(","):
+        first, _, rest = part.partition("-")
+        last, _, step = rest.partition(":")
+        yield from range(int(first), int(last or first) + 1, int(step or 1))
 
 
 def test_recorded_options_are_named_in_the_warning():
