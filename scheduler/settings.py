@@ -267,6 +267,9 @@ class NodesSettings(_Table):
 
     agent_dir: Annotated[str, AfterValidator(_agent_dir)] = ""  # "": the node-local default
     min_uid: int = Field(1000, ge=1, le=2**31 - 1)  # jobs never run as an account below this
+    # a TOML file, mode 0600: ["REGISTRY[:PORT]"] username = ..., password = ... — sent to a node
+    # for an image pull only, never stored with jobs, events or logs
+    registry_credentials: str = ""
 
 
 class LogsSettings(_Table):

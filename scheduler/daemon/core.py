@@ -37,6 +37,7 @@ from .notifications import Notifications
 from .overview import Overview
 from .readmodel import MetricsReadModel
 from .reconcile import Reconciler
+from .registries import Registries, load_credentials
 from .scheduling import SchedulingCycle
 from .state import StateStore
 from .tokens import Tokens
@@ -78,6 +79,8 @@ class Daemon:
         self.lifecycle = JobLifecycle(self.store, self.links, self.clock, self.policy, self.ledger,
                                       config.kill_grace_s, self.wake)
         self.dispatcher = Dispatcher(self.links, self.unix_user, config.cluster_name)
+        self.dispatcher.registry_auth = Registries(
+            load_credentials(config.settings.nodes.registry_credentials)).auth_for
         self.health = HealthMonitor(config.health_rules, self.clock, self._drain_for_health, self.wake)
         self.cycle = SchedulingCycle(self.store, self.links, self.health, self.lifecycle, self.dispatcher,
                                      self.clock, self.policy, self.ledger, config.schedule_interval_s,

@@ -79,6 +79,7 @@ class Dispatcher:
         self.cluster = cluster
         self.on_dispatch: Callable[[Job], None] | None = None  # the log store records the ranks
         self.pulls: dict[int, dict] = {}  # container jobs whose image is being pulled: id -> state
+        self.registry_auth: Callable[[str], dict | None] = lambda image: None
 
     def environment(self, job: Job, rank: int) -> dict[str, str]:
         ranks = [a["node"] for a in job.allocation]
@@ -110,8 +111,12 @@ class Dispatcher:
         if job.image:  # pull on every node of the gang first, so that the ranks start together
             nodes = [a["node"] for a in job.allocation]
             self.pulls[job.id] = {"job": job, "key": job_key(job), "waiting": set(nodes)}
+            pull = {"op": "pull", "image": job.image, "key": job_key(job)}
+            auth = self.registry_auth(job.image)
+            if auth:  # for this pull only; the agent writes it nowhere but the runtime's auth file
+                pull["auth"] = auth
             for n in nodes:
-                self.links.send(n, {"op": "pull", "image": job.image, "key": job_key(job)})
+                self.links.send(n, pull)
             return
         for a in job.allocation:
             self.dispatch_rank(job, a["node"])

@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import wait_for, wait_job
 from tests.nodes.conftest import add_node, start_daemon
 from tests.nodes.registry import podman_config, use_podman_config
-from tests.nodes.test_containers import lab  # noqa: F401 - the registries and the image
+from tests.nodes.test_containers import SECRET, lab  # noqa: F401 - the registries and the image
 
 
 @pytest.fixture
@@ -76,3 +76,40 @@ def test_nodes_without_a_runtime_are_not_chosen(cluster):
     waiting = wait_for(lambda: (j := c.job(job["id"]))["reason"] and j, 15, what="a pending reason")
     assert waiting["state"] == "PENDING" and waiting["reason"] == "BadConstraints"
     c.cancel(job["id"])
+
+
+def test_private_registry_credentials_reach_the_pull_and_nothing_else(base, node_factory, users, lab):  # noqa: F811
+    import os
+    import subprocess
+
+    from tests.conftest import TEST_CONFIG, DaemonProc
+
+    secret_file = base / "registries.toml"
+    secret_file.write_text(f'["{lab["private"].address}"]\nusername = "trainer"\npassword = "{SECRET}"\n')
+    os.chmod(secret_file, 0o600)
+    where = base / "daemon-private"
+    where.mkdir(exist_ok=True)
+    d = DaemonProc(where)
+    d.config.write_text(TEST_CONFIG.format(grace=3.0) + '\n[users]\n"alice" = "alice"\n'
+                        f'\n[nodes]\nregistry_credentials = "{secret_file}"\n')
+    d.start()
+    try:
+        node = node_factory("p1", authorized=d.public_key, gpus=4)
+        use_podman_config(node, podman_config(node.dir / "podman", [lab["private"].address]))
+        add_node(d, node)
+        c = d.client()
+        image = lab["image"].replace(lab["open"].address, lab["private"].address)
+        job = c.submit({"command": ["echo", "pulled privately"], "image": image, "gpus": 1})
+        done = wait_job(c, job["id"], ("COMPLETED", "FAILED"), timeout=120)
+        assert done["state"] == "COMPLETED", done["reason"]
+        seen = [c.job(job["id"]), c.events(since=0, limit=10000), c.log(job["id"])[0], c.nodes()]
+        assert SECRET not in repr(seen)
+        assert SECRET not in d.log.read_text()
+        leaked = subprocess.run(["grep", "-rl", SECRET, str(where / "state")], capture_output=True, text=True)
+        assert leaked.stdout == ""
+        os.chmod(secret_file, 0o644)
+        d.stop()
+        with pytest.raises(AssertionError, match="readable by others"):
+            d.start()
+    finally:
+        d.stop()

@@ -1,0 +1,235 @@
+"""Cluster size: a `trainyard daemon` process with NODES simulated nodes x 8 GPUs connected over
+SSH from a separate process (`python -m scheduler.simnode`, the fleet mode: real SSH servers whose
+agent protocol is answered in-process), each sending telemetry every 2 s, with 5 running and 10
+pending jobs per node (5,000 and 10,000 at 1,000 nodes; the running ones fill every GPU, so the
+pending ones wait for resources and every scheduling cycle plans all of them). Prints the daemon's
+CPU and RSS at steady state, the scheduling cycle, and GET /v1/jobs (one page) and GET /v1/nodes
+latency while all of that runs. Run:
+    .venv/bin/python tests/bench/bench_cluster_size.py [NODES ...]      (default: 100 1000)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _harness import ROOT, machine, percentile
+from _http import Connection
+
+GPUS = 8
+STEADY_S = 30  # seconds of steady state measured
+PAGE = 100  # jobs in one page of GET /v1/jobs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def fill(home: Path, fleet: Path) -> None:
+    """Register the fleet's nodes (host keys pinned) with the daemon's code; print an admin token."""
+    import asyncssh
+
+    from scheduler.config import DaemonConfig
+    from scheduler.daemon import Daemon
+    from scheduler.models import Node
+    from scheduler.nodes import pin_host_key
+
+    d = Daemon(DaemonConfig(db=str(home / "trainyard.db")), home)
+    d.prepare()
+    key = asyncssh.import_public_key((fleet / "host_key.pub").read_bytes())
+    ports = [line.split() for line in (fleet / "ports").read_text().splitlines()]
+    with d.store.tx() as s:
+        for name, port in ports:
+            pin_host_key(d.known_hosts, "127.0.0.1", int(port), key)
+            s.add(Node(name=name, address="127.0.0.1", port=int(port), user="fleet", pool="fleet",
+                       provider="onprem", gpus_total=GPUS, simulated=True, state="DOWN", reason="connecting",
+                       created_at=time.time()))
+    print(d.create_token("bench", "admin", "bench"), flush=True)
+    d.engine.dispose()
+
+
+async def submit(url: str, token: str, bodies: list[dict], clients: int = 8) -> None:
+    async def one(part: list[dict]) -> None:
+        c = await Connection(url, token).open()
+        for body in part:
+            status, answer = await c.request("POST", "/v1/jobs", body)
+            if status != 201:
+                raise SystemExit(f"submit answered {status}: {answer}")
+        await c.close()
+
+    await asyncio.gather(*(one(bodies[i::clients]) for i in range(clients)))
+
+
+async def wait_for(c: Connection, what: str, test, timeout: float) -> float:
+    t0 = time.monotonic()
+    while True:
+        _, cluster = await c.request("GET", "/v1/cluster")
+        if test(cluster):
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit(f"{what}: not reached in {timeout:.0f} s: {cluster}")
+        await asyncio.sleep(1)
+
+
+def cycle_stats(text: str) -> tuple[float, int]:
+    """(sum seconds, count) of trainyard_schedule_cycle_seconds from the Prometheus text."""
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith("trainyard_schedule_cycle_seconds_sum"):
+            total = float(line.split()[-1])
+        elif line.startswith("trainyard_schedule_cycle_seconds_count"):
+            count = float(line.split()[-1])
+    return total, int(count)
+
+
+async def metrics_text(url: str) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+    writer.write(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+    data = await reader.read()
+    writer.close()
+    return data.decode(errors="replace")
+
+
+async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
+    c = await Connection(url, token).open()
+    t_up = await wait_for(c, "every node connected",
+                          lambda x: x["nodes_up"] >= nodes, 60 + nodes * 0.3)
+    print(f"  {nodes} nodes UP (connected over SSH, hello, sync) in {t_up:.1f} s")
+    running = 5 * nodes
+    # 3/5 of the running jobs take 2 GPUs, 2/5 take 1: 8 GPUs per node, every GPU busy
+    bodies = [{"command": ["sleep", "100000"], "gpus": 2 if i % 5 < 3 else 1, "name": "running"}
+              for i in range(running)]
+    t0 = time.monotonic()
+    await submit(url, token, bodies)
+    t_run = await wait_for(c, f"{running} jobs RUNNING",
+                           lambda x: x["jobs_by_state"].get("RUNNING", 0) >= running, 600)
+    print(f"  {running:,} jobs submitted and RUNNING in {time.monotonic() - t0:.1f} s (last wait {t_run:.1f} s)")
+    pending = 10 * nodes
+    await submit(url, token, [{"command": ["sleep", "100000"], "gpus": 1, "name": "pending"}] * pending)
+    await wait_for(c, f"{pending} jobs PENDING", lambda x: x["jobs_by_state"].get("PENDING", 0) >= pending, 120)
+    await asyncio.sleep(5)  # let the submissions' cycles settle
+    sum0, n0 = cycle_stats(await metrics_text(url))
+    cpu0, t0 = cpu_s(pid), time.monotonic()
+    lat: dict[str, list[float]] = {"jobs": [], "nodes": []}
+    while time.monotonic() - t0 < STEADY_S:
+        for kind, path in (("jobs", f"/v1/jobs?limit={PAGE}"), ("nodes", "/v1/nodes")):
+            t = time.perf_counter()
+            status, _ = await c.request("GET", path)
+            lat[kind].append(time.perf_counter() - t)
+            assert status == 200, (path, status)
+        await asyncio.sleep(0.5)
+    wall = time.monotonic() - t0
+    cpu = cpu_s(pid) - cpu0
+    sum1, n1 = cycle_stats(await metrics_text(url))
+    _, cluster = await c.request("GET", "/v1/cluster")
+    await c.close()
+    # the probes themselves cost the daemon some CPU: counted, as a user's TUI would be
+    return {"nodes": nodes, "cpu_pct": cpu / wall * 100, "rss_mb": rss_mb(pid),
+            "cycles": n1 - n0, "cycle_ms": (sum1 - sum0) / max(1, n1 - n0) * 1000,
+            "jobs_p99_ms": percentile(lat["jobs"], 99) * 1000, "jobs_p50_ms": percentile(lat["jobs"], 50) * 1000,
+            "nodes_p99_ms": percentile(lat["nodes"], 99) * 1000,
+            "nodes_p50_ms": percentile(lat["nodes"], 50) * 1000,
+            "running": cluster["jobs_by_state"].get("RUNNING", 0),
+            "pending": cluster["jobs_by_state"].get("PENDING", 0)}
+
+
+def run_size(nodes: int) -> dict:
+    base = Path(tempfile.mkdtemp(prefix="trainyard-bench-size-"))
+    home = base / "state"
+    env = {**os.environ, "HOME": str(base), "TRAINYARD_HOME": str(home), "XDG_CONFIG_HOME": str(base / "config"),
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("TRAINYARD_URL", None)
+    env.pop("TRAINYARD_TOKEN", None)
+    import asyncssh
+
+    key = asyncssh.generate_private_key("ssh-ed25519", comment="trainyard-daemon")
+    (home / "ssh").mkdir(parents=True, mode=0o700)
+    (home / "ssh" / "id_ed25519").write_bytes(key.export_private_key())
+    (home / "ssh" / "id_ed25519").chmod(0o600)
+    (home / "ssh" / "id_ed25519.pub").write_bytes(key.export_public_key())
+    fleet_dir = base / "fleet"
+    fleet = subprocess.Popen([sys.executable, "-m", "scheduler.simnode", str(nodes), str(GPUS), str(fleet_dir),
+                              str(home / "ssh" / "id_ed25519.pub")], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, text=True)
+    daemon = None
+    try:
+        lines = []
+        while (line := fleet.stdout.readline().strip()) != "ready":
+            if not line:
+                raise SystemExit("the fleet process ended before it was ready")
+            lines.append(line)
+        (fleet_dir / "ports").write_text("\n".join(lines) + "\n")
+        token = subprocess.run([sys.executable, __file__, "--fill", str(home), str(fleet_dir)], env=env, cwd=ROOT,
+                               check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        config = base / "trainyard.toml"
+        config.write_text("[daemon]\ntelemetry_interval_s = 2\n")
+        port = free_port()
+        daemon = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "daemon", "--listen",
+                                   f"127.0.0.1:{port}", "--config", str(config)], env=env, cwd=ROOT,
+                                  stdout=subprocess.DEVNULL, stderr=open(base / "daemon.log", "wb"))
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        return asyncio.run(measure(url, token, daemon.pid, nodes))
+    finally:
+        for p in (daemon, fleet):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM if p is fleet else signal.SIGINT)
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--fill"]:
+        sys.path.insert(0, str(ROOT))
+        fill(Path(sys.argv[2]), Path(sys.argv[3]))
+        return
+    sizes = [int(a) for a in sys.argv[1:]] or [100, 1000]
+    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f}")
+    rows = []
+    for n in sizes:
+        print(f"{n} nodes x {GPUS} GPUs, {5 * n:,} running + {10 * n:,} pending, telemetry every 2 s:")
+        r = run_size(n)
+        rows.append(r)
+        print(f"  steady state ({STEADY_S} s): daemon CPU {r['cpu_pct']:.0f} % of one core, RSS {r['rss_mb']:.0f} MB; "
+              f"{r['cycles']} scheduling cycles, mean {r['cycle_ms']:.0f} ms; GET /v1/jobs?limit={PAGE} "
+              f"p50 {r['jobs_p50_ms']:.1f} p99 {r['jobs_p99_ms']:.1f} ms; GET /v1/nodes p50 {r['nodes_p50_ms']:.1f} "
+              f"p99 {r['nodes_p99_ms']:.1f} ms ({r['running']:,} running, {r['pending']:,} pending)")
+    if len(rows) >= 2:
+        a, b = rows[0], rows[-1]
+        k = (5000 - b["nodes"]) / (b["nodes"] - a["nodes"])
+        print("linear projection to 5,000 nodes (from the two largest runs' slope): "
+              + ", ".join(f"{name} {b[f] + (b[f] - a[f]) * k:.0f}{unit}" for name, f, unit in (
+                  ("CPU", "cpu_pct", " %"), ("RSS", "rss_mb", " MB"), ("cycle", "cycle_ms", " ms"),
+                  ("GET /v1/nodes p99", "nodes_p99_ms", " ms"))))
+
+
+if __name__ == "__main__":
+    main()
