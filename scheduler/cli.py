@@ -636,6 +636,63 @@ def node_import(inventory, accept_new_host_key, as_json):
         sys.exit(REFUSED)
 
 
+@node.command("show")
+@click.argument("name")
+@json_option
+def node_show(name, as_json):
+    """One node in full: state and why, fencing, health checks, and its cached container images."""
+    from .client import ApiError
+
+    c = client()
+    n = api(c.node, name)
+    try:
+        n["images"] = c.node_images(name)
+    except ApiError as e:  # the node is not connected: say so, show the rest
+        n["images"] = {"error": e.detail}
+    if as_json:
+        print_json(n)
+        return
+    click.echo(f"node {n['name']}: {n['state']}{' (' + n['reason'] + ')' if n['reason'] else ''}")
+    click.echo(f"  address {n['address']}:{n['port']} as {n['user']} ({n.get('privilege', 'login')}), "
+               f"pool {n['pool']}, GPUs {n['gpus_used']}/{n['gpus_total']} {n['gpu_model'] or ''}")
+    click.echo(f"  fencing: {fence_word(n.get('fencing'))}"
+               + (f" ({n['fencing'].get('reason')})" if (n.get("fencing") or {}).get("reason") else ""))
+    checks = n.get("health_checks") or {}
+    if checks:
+        click.echo(f"  health gate: {checks.get('status', '-')}"
+                   + "".join(f"; {c.get('check')}: {c.get('result')}" + (f" ({c['detail']})" if c.get("detail") else "")
+                             for c in checks.get("checks") or ()))
+    images = n["images"]
+    if images.get("error"):
+        click.echo(f"  images: unknown ({images['error']})")
+    elif images.get("runtime"):
+        rows = [[(i.get("refs") or ["-"])[0], (i.get("digest") or "-")[:19], _size(i.get("size")),
+                 _ago(i.get("last_used"))] for i in images.get("images", [])]
+        click.echo(f"  images ({images['runtime']}, cache limit {_size(images.get('high_water'))}):")
+        table(["IMAGE", "DIGEST", "SIZE", "USED"], rows) if rows else click.echo("    none cached")
+    else:
+        click.echo("  images: no container runtime on this node")
+
+
+def _size(n) -> str:
+    if not n:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return "-"
+
+
+def _ago(t) -> str:
+    import time as _t
+
+    if not t:
+        return "-"
+    s = max(0, _t.time() - float(t))
+    return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.0f}h ago"
+
+
 @node.command("drain")
 @click.argument("name")
 @click.option("--reason", required=True, help="Why (shown in `trainyard nodes`).")

@@ -222,6 +222,9 @@ class Client:
     def node(self, name: str) -> dict:
         return self._call("GET", f"/v1/nodes/{name}")
 
+    def node_images(self, name: str) -> dict:
+        return self._call("GET", f"/v1/nodes/{name}/images")
+
     def add_node(self, spec: dict) -> dict:
         return self._call("POST", "/v1/nodes", json=spec, timeout=60)
 

@@ -1,4 +1,5 @@
-"""Slurm's commands for people (sbatch, squeue, scancel, sacct) as clients of trainyard's API.
+"""Slurm's commands for people (sbatch, squeue, scancel, sacct; sinfo and scontrol live beside)
+as clients of trainyard's API.
 
 Each is a click command, reachable as `trainyard slurm squeue ...` and as a standalone entry
 point (`ty-squeue`, ...), so that installing trainyard never shadows a real Slurm on the host.

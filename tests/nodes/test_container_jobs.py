@@ -44,6 +44,8 @@ def test_a_two_node_image_job_is_pulled_on_both_nodes_before_either_rank_starts(
     running = next(i for i, e in enumerate(trail) if e["action"] == "job.state"
                    and e["detail"]["state"] == "RUNNING")
     assert {trail[i]["detail"]["node"] for i in pulled} == {n.name for n in nodes} and max(pulled) < running
+    shown = d.cli("node", "show", nodes[0].name, check=True).stdout
+    assert "images (podman" in shown and lab["image"] in shown and lab["digest"][:19] in shown
     out = alice.log(job["id"])[0].split("\n")
     # alice's own uid (the image has no passwd entry for her), and only her one GPU
     assert out[0] == str(pwd.getpwnam("alice").pw_uid) and out[1].split() == ["nvidia0", "nvidiactl"]

@@ -154,3 +154,18 @@ def test_squeue_filters_by_name_nodelist_and_sorts(cluster):
     assert r.stdout.splitlines()[0].split()[4:6] == ["STATE", "TIME"]
     for job_id in (a, b):
         slurm(d, "scancel", str(job_id))
+
+
+def test_node_states_in_slurm_words():
+    from scheduler.slurm.sinfo import node_state
+
+    def node(state, used=0, connected=True):
+        return {"name": "n1", "state": state, "gpus_total": 4, "gpus_used": used, "connected": connected}
+
+    assert [node_state(node("UP"), set()), node_state(node("UP", 2), {"n1"}), node_state(node("UP", 4), {"n1"}),
+            node_state(node("DRAINING", 1), {"n1"}), node_state(node("DRAINING"), set()),
+            node_state(node("DRAINED"), set()), node_state(node("DOWN"), set()),
+            node_state(node("UP", connected=False), set()), node_state(node("BOOTSTRAPPING"), set())] == [
+        "idle", "mix", "alloc", "drng", "drain", "drain", "down", "down", "boot"]
+    cpu_only = {"name": "c1", "state": "UP", "gpus_total": 0, "gpus_used": 0}
+    assert node_state(cpu_only, {"c1"}) == "mix"

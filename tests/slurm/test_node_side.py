@@ -117,3 +117,21 @@ def test_srun_outside_a_job_is_refused():
     r = subprocess.run([sys.executable, str(SHIMS / "srun.py"), "true"], capture_output=True, text=True,
                        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
     assert r.returncode == 1 and "not inside a job" in r.stderr
+
+
+def test_the_agent_installs_runnable_shims_from_its_own_files(tmp_path):
+    """What a job's PATH gets: srun and scontrol, readable by any account, working from there."""
+    from scheduler import agent
+
+    top = tmp_path / "slurm"
+    for rel, source in agent.SLURM_SHIM_FILES:
+        agent._install_public(str(top), rel, agent._own_file(source))
+    assert oct((top / "bin" / "srun").stat().st_mode & 0o777) == "0o755"
+    assert oct((top / "hostlist.py").stat().st_mode & 0o777) == "0o644"
+    env = {"PATH": f"{top / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-[01-02]"}
+    r = subprocess.run(["scontrol", "show", "hostnames"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.stdout == "gpu-01\ngpu-02\n", r.stderr
+    env.update(SLURM_JOB_ID="5", SLURMD_NODENAME="gpu-02", SLURM_NODEID="1")
+    r = subprocess.run(["srun", "--ntasks-per-node=2", "sh", "-c", "echo $SLURM_PROCID"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert sorted(r.stdout.split()) == ["2", "3"], r.stderr

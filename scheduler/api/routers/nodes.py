@@ -47,6 +47,15 @@ async def get_node(name: NodeName, d: DaemonDep, who: Anyone):
     return Json(d.node_views(name)[0])
 
 
+@router.get("/{name}/images", responses=responses(404, 503))
+async def node_images(name: NodeName, d: DaemonDep, who: Anyone) -> dict[str, Any]:
+    """The node's cached container images (by digest, most recently used first) and its cache limit."""
+    d.node_views(name)  # 404 for a node that does not exist
+    reply = await d.links.request(name, {"op": "images"})
+    return {"node": name, "runtime": reply.get("runtime", ""), "high_water": reply.get("high_water", 0),
+            "images": reply.get("images", [])}
+
+
 @router.post("", status_code=201, response_model=NodeRead, responses=responses(403, 409))
 async def add_node(body: NodeAdd, d: DaemonDep, who: Admin):
     """Register a node: pin its host key (only with accept_new_host_key), probe SSH and python3."""

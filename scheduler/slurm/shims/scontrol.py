@@ -5,6 +5,8 @@ Stdlib only; loads hostlist.py from the directory above this one. Everything els
 scontrol does (show job, hold, requeue, ...) is `trainyard slurm scontrol` on a login host.
 """
 
+from __future__ import annotations
+
 import os
 import sys
 

@@ -9,6 +9,8 @@ SLURM_NODEID; trainyard runs the batch script on each node of a job, so each nod
 its own share and together they make the whole step.
 """
 
+from __future__ import annotations
+
 import os
 import signal
 import subprocess
@@ -120,9 +122,9 @@ def main(argv: list[str]) -> int:
         pid, status = os.wait()
         for t in pending:
             if t.pid == pid:
-                t.returncode = os.waitstatus_to_exitcode(status)
-                pending.remove(t)
-                code = t.returncode if t.returncode >= 0 else 128 - t.returncode
+                pending.remove(t)  # Python 3.8 has no os.waitstatus_to_exitcode
+                code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+                t.returncode = code
                 if code and not first_failure:
                     first_failure = code
                 break
