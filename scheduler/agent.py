@@ -250,6 +250,7 @@ class Agent:
                                             int(image_cache_gb * 2**30))
         self.pull_timeout_s = pull_timeout_s
         self.output = OutputStreams(self)
+        self._slurm_bin: str | None = None  # see slurm_shims(); "" once they cannot be installed
 
     def claim_dir(self) -> None:
         """Take the node-local directory; StateDirError says why it cannot be used."""
@@ -347,10 +348,10 @@ class Agent:
         _write_atomic(os.path.join(d, "spec.json"), json.dumps(spec))
         return spec
 
-    def slurm_shims(self):
+    def slurm_shims(self) -> str | None:
         """The directory of the srun and scontrol shims, written from the agent's own bundle the
         first time a job needs them; None (and no shims) where the bundle does not carry them."""
-        if getattr(self, "_slurm_bin", None) is None:
+        if self._slurm_bin is None:
             top = os.path.join(self.root, "slurm")
             try:
                 for rel, source in SLURM_SHIM_FILES:

@@ -451,7 +451,8 @@ class QueueRead(Open):
     state: Literal["open", "stopped"]
     default_time_limit: int | None
     max_time_limit: int | None
-    aliases: list[str] = Field(default_factory=list)
+    aliases: list[str] = Field(default_factory=list, description="partition names that mean this queue")
+    nodes: dict[str, str] = Field(default_factory=dict, description="labels a node needs to serve this queue")
     pending: int
     running: int
     gpus_used: int
@@ -516,6 +517,8 @@ class ClusterRead(Open):
     jobs_running: int
     jobs_pending: int
     jobs_by_state: dict[str, int]
+    problems: list[str] = Field(default_factory=list, description="what the daemon cannot do now, and why")
+    role: Literal["leader", "standby"] = "leader"
 
 
 class Health(Open):

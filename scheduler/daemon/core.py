@@ -98,7 +98,8 @@ class Daemon:
                                    self.key_path, config.connect_timeout_s, self.wake, self.health.forget,
                                    self.gate)
         self.tokens = Tokens(self.store, self.clock)
-        self.overview = Overview(self.store, self.clock, self.policy, self.ledger, config.cluster_name)
+        self.overview = Overview(self.store, self.clock, self.policy, self.ledger, config.cluster_name,
+                                 config.queue_aliases)
         tables = config.settings
         self.logstore = LogStore(log_root(home, tables.logs.dir), self.store, self.links, self.clock,
                                  tables.logs.retention_days, tables.logs.max_bytes_per_job,

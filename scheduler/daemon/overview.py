@@ -16,7 +16,8 @@ from .state import StateStore, event_json
 
 class Overview:
     def __init__(self, store: StateStore, clock: Clock, policy: PolicyConfig, ledger: UsageLedger,
-                 cluster_name: str):
+                 cluster_name: str, aliases: dict[str, str] | None = None):
+        self.aliases = dict(aliases or {})  # partition name -> queue
         self.store = store
         self.clock = clock
         self.policy = policy
@@ -65,7 +66,8 @@ class Overview:
                 out.append({
                     "name": q.name, "priority": q.priority, "state": "open" if q.open else "stopped",
                     "default_time_limit": q.default_time_limit_s, "max_time_limit": q.max_time_limit_s,
-                    "aliases": list(getattr(qp, "aliases", ()) or ()),
+                    "aliases": sorted(a for a, queue in self.aliases.items() if queue == q.name),
+                    "nodes": dict(getattr(qp, "node_selector", None) or {}),
                     "pending": sum(c.get(st, 0) for st in m.WAITING_STATES),
                     "running": sum(c.get(st, 0) for st in m.ACTIVE_STATES),
                     "gpus_used": used.get(q.name, 0),

@@ -44,6 +44,10 @@ VIEW_COLUMNS = (_T.id, _T.user, _T.queue, _T.name, _T.gpus, _T.nodes, _T.cpus, _
                 _T.start_time, _T.allocation, _T.dependency, _T.constraint, _T.exclusive,
                 _T.nice, _T.account, _T.array_parent, _T.array_limit, _T.attained_gpu_s,
                 _T.kill_reason, _T.kill_time, _T.attempt, _T.features, _T.nodelist, _T.exclude, _T.image)
+# what may change while a job is active (the rest of its view is fixed until it ends or requeues);
+# all of them are among VIEW_COLUMNS
+ACTIVE_KEY = (_T.state, _T.attempt, _T.priority, _T.nice, _T.held, _T.time_limit_s, _T.start_time,
+              _T.kill_reason, _T.kill_time, _T.attained_gpu_s)
 # pending jobs hold no allocation: skip decoding that JSON column for them
 PENDING_COLUMNS = tuple(literal_column("NULL").label("allocation") if c.name == "allocation" else c
                         for c in VIEW_COLUMNS)
@@ -107,6 +111,7 @@ class SchedulingCycle:
         self.last_cycle_s = 0.0
         self.starting_since: dict[int, float] = {}
         self._pending_cache: dict[int, tuple[tuple, JobView]] = {}
+        self._active_cache: dict[int, tuple[tuple, JobView]] = {}
         self.refine_reason = None  # job id -> a more specific "Resources" (the autoscaler's)
         self.order = PendingOrder()  # the pending order kept between passes (no re-sort of the backlog)
         self._wake = asyncio.Event()
@@ -150,12 +155,34 @@ class SchedulingCycle:
         views = [fresh[jid][1] for jid, *_ in light if jid in fresh]
         return views, {jid: (reason, est, held) for jid, _a, _p, held, reason, est in light}
 
+    def active_views(self, s: Session) -> list[JobView]:
+        """The active jobs as JobViews, decoded only when new or changed since the last cycle.
+
+        A job's request and allocation are fixed while it is active (a requeue bumps its
+        attempt); what may change is in ACTIVE_KEY, read without decoding any JSON column.
+        """
+        light = s.connection().execute(sa_select(_T.id, *ACTIVE_KEY).where(_T.state.in_(m.ACTIVE_STATES))).all()
+        cache, fresh = self._active_cache, {}
+        missing = []
+        for r in light:
+            hit = cache.get(r[0])
+            if hit is not None and hit[0] == tuple(r[1:]):
+                fresh[r[0]] = hit
+            else:
+                missing.append(r[0])
+        for i in range(0, len(missing), 500):
+            for r in view_rows(s, VIEW_COLUMNS, _T.id.in_(missing[i:i + 500])):
+                x = r._mapping
+                fresh[x["id"]] = (tuple(x[c.name] for c in ACTIVE_KEY), job_view(r))
+        self._active_cache = fresh
+        return [fresh[r[0]][1] for r in light if r[0] in fresh]
+
     def snapshot(self, s: Session, now: float) -> tuple[Snapshot | None, dict[int, tuple]]:
         pending, rows = self.pending_views(s, now)
         if not pending:
             return None, {}
         nodes = s.exec(select(Node)).all()
-        active = [job_view(r) for r in view_rows(s, VIEW_COLUMNS, _T.state.in_(m.ACTIVE_STATES))]
+        active = self.active_views(s)
         used: dict[str, set[int]] = {}
         cpus_used: dict[str, int] = {}
         mem_used: dict[str, int] = {}

@@ -98,7 +98,7 @@ def test_sinfo_shows_partitions_and_node_states_as_they_change(cluster):
 def test_sinfo_names_the_partitions_it_knows(cluster):
     r = slurm(cluster, "sinfo", "-p", "nope")
     assert r.returncode == 1
-    assert "invalid partition name 'nope'" in r.stderr and "default, gpu" in r.stderr
+    assert "invalid partition name 'nope'" in r.stderr and "default, defq, gpu" in r.stderr  # defq: an alias
 
 
 def test_scontrol_hold_release_update_and_show(cluster):

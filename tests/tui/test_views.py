@@ -236,6 +236,18 @@ async def test_job_drilldown_shows_spec_allocation_and_log(backend):
         assert "step    39 loss" in text and "following" in text
 
 
+async def test_a_container_job_shows_its_image_and_the_digest_it_ran(backend):
+    backend.set_job(6, image="registry.local/pytorch:24.01", image_digest="sha256:" + "ab" * 32)
+    app = make_app(backend, view="jobs")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("colon", *"job 6", "enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        text = screen_text(app)
+        assert "registry.local/pytorch:24.01" in text and "sha256:abab" in text
+
+
 async def test_log_pause_holds_new_lines_and_search_narrows(backend):
     app = make_app(backend, view="jobs")
     async with app.run_test(size=SIZE, notifications=True) as pilot:

@@ -256,6 +256,8 @@ class JobScreen(DetailScreen):
                                          f"{fmt.duration(limit) if limit else '-'}")
         command = job.get("command")
         spec.add_row("command", shlex.join(command) if isinstance(command, list) else str(command or "-"))
+        if job.get("image"):  # a container job: what was asked for, and the digest the nodes ran
+            spec.add_row("image", job["image"] + (f"  {job['image_digest']}" if job.get("image_digest") else ""))
         spec.add_row("submitted", f"{fmt.clock(job.get('submit_time'))} ({fmt.ago(job.get('submit_time'), now)})")
         spec.add_row("started / ended", f"{fmt.clock(job.get('start_time'))} / {fmt.clock(job.get('end_time'))}")
         if job.get("estimated_start"):

@@ -25,7 +25,10 @@ async def me(who: Who):
 
 @router.get("/v1/cluster", response_model=ClusterRead, responses=responses())
 async def cluster(request: Request, d: DaemonDep, who: Who):
-    return Json(d.overview.cluster(request.app.version))
+    out = d.overview.cluster(request.app.version)
+    out["problems"] = [p for p in (d.logstore.problem,) if p]  # e.g. job output that cannot be stored
+    out["role"] = d.leadership.role
+    return Json(out)
 
 
 @router.get("/healthz", response_model=Health)
