@@ -816,6 +816,36 @@ def token_revoke(token_id):
 
 
 @cli.command()
+@click.option("--since", type=click.IntRange(0), help="Events after this id (0: from the start of the trail).")
+@click.option("-n", "--limit", default=50, show_default=True, type=click.IntRange(1, 10000))
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new events as they happen.")
+@json_option
+def events(since, limit, follow, as_json):
+    """The audit trail: who did what to which job or node, when, and why."""
+    import time as _time
+
+    def line(e: dict) -> str:
+        d = e.get("detail") or {}
+        why = d.get("reason") or d.get("state") or d.get("error") or ""
+        when = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(e["time"]))
+        return f"{e['id']:>7}  {when}  {e['actor'] or '-':<12} {e['action']:<20} {e['target']:<14} {why}".rstrip()
+
+    c = client()
+    last = since or 0
+    for e in api(c.events, since, limit):
+        click.echo(json.dumps(e) if as_json else line(e))
+        last = max(last, e["id"])
+    if follow:
+        try:
+            for e in c.stream_events(since=last):
+                if e["id"] > last:
+                    last = e["id"]
+                    click.echo(json.dumps(e) if as_json else line(e))
+        except KeyboardInterrupt:
+            return
+
+
+@cli.command()
 @json_option
 def whoami(as_json):
     """Show who the configured token belongs to, and its role."""

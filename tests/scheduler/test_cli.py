@@ -305,3 +305,12 @@ def test_a_long_cell_is_never_cut_or_wrapped_in_a_pipe(capsys):
         f"n1    DOWN   {reason}",
         "n22" + " " * 10 + "[red]x[/red]",
     ]
+
+
+def test_events_lists_the_audit_trail_from_any_id(daemon):
+    job = daemon.client().submit({"command": ["true"], "hold": True})
+    out = daemon.cli("events", "--since", "0", "-n", "1000", check=True).stdout.splitlines()
+    assert out[0].split()[0] == "1"  # from the start of the trail
+    assert any("job.submit" in line and f" {job['id']} " in line + " " for line in out)
+    last = daemon.cli("events", "-n", "1", "--json", check=True).stdout.splitlines()
+    assert len(last) == 1 and json.loads(last[0])["id"] >= int(out[-1].split()[0])
