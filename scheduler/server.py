@@ -63,6 +63,10 @@ class _Server(uvicorn.Server):
 
 async def serve(daemon: Daemon, sock: socket.socket, on_ready: Callable[[Daemon], None] | None = None,
                 stop: asyncio.Event | None = None) -> None:
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        # asyncssh says six lines per connection at INFO: at a thousand nodes that is noise
+        # (and CPU) drowning what the daemon says; -v shows them again
+        logging.getLogger("asyncssh").setLevel(logging.WARNING)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     daemon.url = f"http://{shown}:{port}"

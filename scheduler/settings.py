@@ -34,7 +34,7 @@ from .health import ACTIONS, DRAIN_NODE, FATAL_XIDS, HealthRules
 from .planner.policy import ORDERS, PRESETS, QUEUEINGS, PolicyConfig, QueuePolicy, TeamQuota
 from .units import UnitError, format_duration, parse_duration
 
-POLICIES = ("fifo", "backfill", "fairshare", "las", "qssf")
+POLICIES = PRESETS
 # trainyard user names as the API accepts them; Unix account names as useradd accepts them
 USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 UNIX_ACCOUNT = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
@@ -168,6 +168,9 @@ class SchedulerSettings(_Table):
     def _choice(cls, value: str | None, info: ValidationInfo) -> str | None:
         choices, what = {"policy": (POLICIES, "policy"), "order": (ORDERS, "order"),
                          "queueing": (QUEUEINGS, "strategy")}[info.field_name]
+        if value == "oracle" and info.field_name == "policy":
+            raise ValueError("'oracle' knows every job's true run time: it exists only in `trainyard "
+                             "simulate --policy oracle`, as the yardstick; choose one of " + ", ".join(choices))
         if value is not None and value not in choices:
             raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
         return value
@@ -523,12 +526,7 @@ class Settings(_Table):
 
 
 def _preset(name: str) -> PolicyConfig:
-    if name in PRESETS:
-        return PolicyConfig.preset(name)
-    # qssf (quasi-shortest-service-first) until the planner has its own preset: the closest
-    # existing order is least-attained-service, which also favours short jobs.
-    assert name == "qssf", name
-    return replace(PolicyConfig.preset("las"), name="qssf")
+    return PolicyConfig.preset(name)
 
 
 # ------------------------------------------------------------------------------ messages

@@ -212,6 +212,9 @@ class FleetAgent:
             for k in msg.get("keys") or ():
                 if self.jobs.get(k, {}).get("state") == "exited":
                     del self.jobs[k]
+        elif op == "log":  # fleet jobs write no output
+            self._send(P.LogChunk(key or "", id=msg.get("id"), offset=msg.get("offset", 0),
+                                  next=msg.get("offset", 0)))
         elif op == "ping":
             self._send(P.Pong(msg.get("id")))
         elif msg.get("id") is not None:

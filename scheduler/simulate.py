@@ -593,9 +593,11 @@ def simulate(trace_path, spec, load, window, policy_names, config_path, seed, us
     if config_path:
         import tomllib
 
+        from .settings import Settings
+
         try:
             doc = tomllib.loads(Path(config_path).read_text())
-            base = PolicyConfig.from_dict(doc)
+            base = Settings.from_toml(doc).to_policy()
         except (tomllib.TOMLDecodeError, ValueError) as e:
             raise click.BadParameter(f"{config_path}: {e}", param_hint="--config") from e
         sched = doc.get("scheduler", {})

@@ -336,7 +336,8 @@ class Daemon:
     # ---------------------------------------------------------------- node views
     def node_views(self, name: str | None = None) -> list[dict[str, Any]]:
         with self.store.read() as s:
-            used = Overview.gpu_usage(s)
+            # the leader keeps allocated GPUs per node in memory; a standby reads them
+            used = self.store.active.gpus_used() if self.leadership.leading else Overview.gpu_usage(s)
             if name is not None:
                 nodes = [Inventory.get(s, name)]
             else:

@@ -20,19 +20,36 @@ STREAM_BACKLOG_MAX = 10000  # a reader this far behind is dropped rather than gr
 
 
 class ActiveIndex:
-    """Which active jobs hold an allocation on which node: O(jobs on the node), never a scan."""
+    """Which active jobs hold an allocation on which node, and how many GPUs each node has
+    allocated: O(jobs on the node) per question, never a scan of every active job."""
 
     def __init__(self) -> None:
         self.by_node: dict[str, set[int]] = {}
         self.nodes_of: dict[int, tuple[str, ...]] = {}
+        self.gpus_of: dict[int, tuple[int, ...]] = {}  # GPUs per node, in the order of nodes_of
+        self.gpus_on: dict[str, int] = {}
 
-    def add(self, job_id: int, nodes: tuple[str, ...]) -> None:
+    def add(self, job_id: int, nodes: tuple[str, ...], gpus: tuple[int, ...] = ()) -> None:
         self.discard(job_id)
         self.nodes_of[job_id] = nodes
+        self.gpus_of[job_id] = gpus
         for n in nodes:
             self.by_node.setdefault(n, set()).add(job_id)
+        for n, g in zip(nodes, gpus, strict=False):
+            self.gpus_on[n] = self.gpus_on.get(n, 0) + g
+
+    def add_allocation(self, job_id: int, allocation) -> None:
+        """Index a job by its allocation column ([{"node": ..., "gpus": [...]}, ...])."""
+        alloc = allocation or ()
+        self.add(job_id, tuple(a["node"] for a in alloc), tuple(len(a["gpus"]) for a in alloc))
 
     def discard(self, job_id: int) -> None:
+        for n, g in zip(self.nodes_of.get(job_id, ()), self.gpus_of.pop(job_id, ()), strict=False):
+            left = self.gpus_on.get(n, 0) - g
+            if left > 0:
+                self.gpus_on[n] = left
+            else:
+                self.gpus_on.pop(n, None)
         for n in self.nodes_of.pop(job_id, ()):
             ids = self.by_node.get(n)
             if ids is not None:
@@ -42,6 +59,10 @@ class ActiveIndex:
 
     def on(self, node: str) -> set[int]:
         return set(self.by_node.get(node, ()))
+
+    def gpus_used(self) -> dict[str, int]:
+        """GPUs allocated to active jobs, by node."""
+        return dict(self.gpus_on)
 
     def __len__(self) -> int:
         return len(self.nodes_of)
@@ -64,7 +85,7 @@ class StateStore:
         with self.engine.connect() as conn:
             rows = conn.execute(sa_select(t.id, t.allocation).where(t.state.in_(m.ACTIVE_STATES))).all()
         for jid, alloc in rows:
-            self.active.add(jid, tuple(a["node"] for a in alloc or ()))
+            self.active.add_allocation(jid, alloc)
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[Session]:
@@ -121,8 +142,8 @@ class StateStore:
                     {"state": state, "reason": reason, "user": job.user, **detail})
         jid = job.id
         if state in m.ACTIVE_STATES:
-            nodes = tuple(a["node"] for a in job.allocation)
-            self.after_commit(s, lambda: self.active.add(jid, nodes))
+            alloc = [{"node": a["node"], "gpus": a["gpus"]} for a in job.allocation]
+            self.after_commit(s, lambda: self.active.add_allocation(jid, alloc))
         elif old in m.ACTIVE_STATES:
             self.after_commit(s, lambda: self.active.discard(jid))
         if self.on_job_state:

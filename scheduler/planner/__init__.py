@@ -4,7 +4,7 @@ from .arrays import parse_array
 from .core import DEFAULT_POLICY, plan
 from .dependencies import depends_on, parse_dependency
 from .fairshare import UsageLedger
-from .policy import PRESETS, PolicyConfig, PriorityWeights, QueuePolicy, TeamQuota, parse_duration
+from .policy import PRESETS, PolicyConfig, PriorityWeights, QueuePolicy, TeamQuota
 from .types import (
     ARRAY_TASK_LIMIT,
     BAD_CONSTRAINT,
@@ -32,5 +32,5 @@ __all__ = [
     "DEFAULT_POLICY", "PRESETS", "Decisions", "JobView", "NodeView", "PolicyConfig", "Preempt",
     "PriorityWeights", "QueuePolicy", "QueueView", "Snapshot", "Start", "TeamQuota",
     "UsageLedger", "Wait",
-    "depends_on", "parse_array", "parse_dependency", "parse_duration", "plan",
+    "depends_on", "parse_array", "parse_dependency", "plan",
 ]

