@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -266,7 +267,14 @@ def demo(nodes, gpus_per_node, no_tui, listen, workdir):
 @click.option("--array", help="Job array, e.g. 0-9 or 0-99%10.")
 @click.option("--env", "-e", multiple=True, help="K=V for the job's environment (repeatable).")
 @click.option("--workdir", "-D", help="Working directory on the node [default: the job's own directory].")
-@click.option("--constraint", "-C", help="Node labels the job needs, e.g. rack=r1,fabric=ib.")
+@click.option("--constraint", "-C", help="Node labels the job needs (rack=r1,fabric=ib), or Slurm node "
+                                         "features (a100&ib, [a|b]).")
+@click.option("--image", help="Run in this container image (docker/podman reference; pyxis's too).")
+@click.option("--container-mounts", help="SRC[:DST[:ro]],... bind mounts into the container.")
+@click.option("--container-workdir", help="Working directory inside the container.")
+@click.option("--signal", help="[B:]SIG[@SECONDS]: SIG that long before the time limit and at a preemption.")
+@click.option("--output", "-o", help="Output file pattern on the node (%j %x %A %a %N %u %t), in --workdir.")
+@click.option("--error", help="Error file pattern (default: with the output).")
 @click.option("--exclusive", is_flag=True, default=None, help="Whole nodes only: share them with no other job.")
 @click.option("--nice", type=int, help="Lower your job's priority by N (negative needs an operator).")
 @click.option("--account", "-A", help="Team to charge [default: the team the daemon maps you to].")
@@ -281,7 +289,8 @@ def submit(ctx, args, parsable, as_json, **opts):
     A SCRIPT's #SBATCH lines are read as defaults (job name, nodes, gpus, time, mem, ...);
     options given here win.
     """
-    from .jobspec import parse_env, sbatch_directives
+    from .jobspec import parse_env
+    from .slurm.sbatch import SbatchError, parse
     from .units import parse_mem, parse_time_limit
 
     if not args:
@@ -303,18 +312,21 @@ def submit(ctx, args, parsable, as_json, **opts):
             script = script_path.read_text()
         except (OSError, UnicodeDecodeError) as e:
             raise click.UsageError(f"cannot read script {args[0]!r}: {e}") from None
-        try:
-            directives = sbatch_directives(script)
-        except ValueError as e:
+        try:  # sbatch's own reading of the #SBATCH lines (scheduler/slurm/sbatch.py)
+            batch = parse(script, (), default_name=script_path.name, submit_dir=os.getcwd())
+        except SbatchError as e:
             raise click.UsageError(f"{args[0]}: {e}") from None
-        if "priority_nice" in directives:
-            directives["nice"] = directives.pop("priority_nice")
-        spec.update(directives)
-        spec["script"] = script
-        spec.setdefault("name", script_path.name)
+        if batch.warning():
+            click.echo(batch.warning(), err=True)
+        spec.update(batch.to_submit_body(script))
     for key, value in opts.items():
         if ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE or (key not in spec and value not in (None, (), False)):
             spec[key] = value
+    constraint = spec.get("constraint")
+    if isinstance(constraint, str) and "=" not in constraint:  # Slurm's -C a100&ib: node features
+        spec["features"] = spec.pop("constraint")
+    if spec.get("container_mounts") and isinstance(spec["container_mounts"], str):
+        spec["container_mounts"] = [m for m in spec["container_mounts"].split(",") if m]
     try:
         if "nice" in spec:
             spec["nice"] = int(spec["nice"])

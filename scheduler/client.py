@@ -57,7 +57,7 @@ def load_settings() -> tuple[str, str]:
                 f"no daemon configured: set TRAINYARD_URL and TRAINYARD_TOKEN, or start `trainyard daemon` "
                 f"once on this machine (it writes {path})"
             )
-    for one in split_urls(url):
+    for one in split_urls(url) if isinstance(url, str) else [url]:
         check_url(one, url_source)
     check_token(token, token_source)
     return url, token

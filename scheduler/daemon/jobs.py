@@ -202,7 +202,7 @@ class JobService:
         if queue is None:
             names = ", ".join(q.name for q in s.exec(select(Queue).order_by(Queue.name)).all())
             aliases = ", ".join(f"{a} (= {q})" for a, q in sorted(self.aliases.items()))
-            raise NotFound(f"queue: unknown queue (partition) {name!r}; queues: {names}"
+            raise NotFound(f"queue: unknown queue {name!r} (a Slurm partition name); queues: {names}"
                            + (f"; aliases: {aliases}" if aliases else ""), "queue")
         return queue
 
