@@ -69,7 +69,7 @@ def test_an_injected_temperature_holds_until_cleared(sim_agent):
 def test_a_bad_fault_is_refused_with_a_reason(sim_agent):
     assert "has no GPU 9 (it has 4: 0-3)" in sim_agent.request(op="fault", id=1, gpu=9, kind="xid", value=79)["error"]
     assert sim_agent.request(op="fault", id=2, gpu=0, kind="melt")["error"] == (
-        "unknown fault 'melt'; use one of xid, ecc_dbe, temp, off_bus, clear")
+        "unknown fault 'melt'; use one of xid, ecc_dbe, temp, off_bus, remap_pending, clear")
     assert sim_agent.request(op="fault", id=3, gpu=0, kind="xid")["error"] == "fault xid needs a whole number, not None"
     assert sim_agent.request(op="ping", id=4) == {"ev": "pong", "id": 4}  # the agent lives on
 

@@ -38,3 +38,16 @@ def fake_pulumi(tmp_path, monkeypatch) -> FakePulumi:
     monkeypatch.delenv("FAKE_PULUMI_VERSION", raising=False)
     monkeypatch.delenv("TRAINYARD_STACK", raising=False)
     return fake
+
+
+@pytest.fixture(autouse=True)
+def _an_event_loop_for_pulumi():
+    """Pulumi's mocks ask for the main thread's current event loop; a test that ran
+    `asyncio.run()` before (the autoscaler's) leaves none set."""
+    import asyncio
+
+    try:
+        asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+    yield
