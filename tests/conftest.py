@@ -74,6 +74,18 @@ def kill_all(pids: list[int]) -> None:
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 
 
+def shared_dir(prefix: str) -> Path:
+    """A fresh directory every account can write (sticky, like /tmp): where test jobs, which run
+    as another account when the suite runs as root, leave what the test then reads."""
+    import tempfile
+
+    root = Path("/var/tmp/trainyard-tests")
+    root.mkdir(mode=0o711, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+    os.chmod(d, 0o1777)
+    return d
+
+
 def agent_dir_for(base: Path, name: str) -> str:
     """The agent's directory for a test node. As root, jobs run as another account, which must be
     able to pass through the agent's directory to its job's own (as under /var/lib/trainyard):

@@ -5,7 +5,7 @@ pending jobs per node (5,000 and 10,000 at 1,000 nodes; the running ones fill ev
 pending ones wait for resources and every scheduling cycle plans all of them). Prints the daemon's
 CPU and RSS at steady state, the scheduling cycle, and GET /v1/jobs (one page) and GET /v1/nodes
 latency while all of that runs. Run:
-    .venv/bin/python tests/bench/bench_cluster_size.py [NODES ...]      (default: 100 1000)
+    .venv/bin/python tests/bench/bench_cluster_size.py [--health-history N] [NODES ...]   (default: 100 1000)
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from _http import Connection
 GPUS = 8
 STEADY_S = 30  # seconds of steady state measured
 PAGE = 100  # jobs in one page of GET /v1/jobs
+# --health-history N: [health] history_samples (default 300). The GPU health rules re-read a
+# node's whole history on each telemetry sample, so at 1,000 nodes the default dominates
+HEALTH_HISTORY = 0
 
 
 def free_port() -> int:
@@ -184,7 +187,8 @@ def run_size(nodes: int) -> dict:
                                check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         config = base / "trainyard.toml"
         # a thousand SSH handshakes at once take longer than the default 10 s on two cores
-        config.write_text("[daemon]\ntelemetry_interval_s = 2\nconnect_timeout_s = 120\n")
+        config.write_text("[daemon]\ntelemetry_interval_s = 2\nconnect_timeout_s = 120\n"
+                          + (f"[health]\nhistory_samples = {HEALTH_HISTORY}\n" if HEALTH_HISTORY else ""))
         port = free_port()
         daemon = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "daemon", "--listen",
                                    f"127.0.0.1:{port}", "--config", str(config)], env=env, cwd=ROOT,
@@ -212,8 +216,15 @@ def main() -> None:
         sys.path.insert(0, str(ROOT))
         fill(Path(sys.argv[2]), Path(sys.argv[3]))
         return
-    sizes = [int(a) for a in sys.argv[1:]] or [100, 1000]
-    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f}")
+    global HEALTH_HISTORY
+    args = sys.argv[1:]
+    if "--health-history" in args:
+        i = args.index("--health-history")
+        HEALTH_HISTORY = int(args[i + 1])
+        del args[i:i + 2]
+    sizes = [int(a) for a in args] or [100, 1000]
+    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f}; [health] history_samples "
+          f"{HEALTH_HISTORY or '300 (default)'}")
     rows = []
     for n in sizes:
         print(f"{n} nodes x {GPUS} GPUs, {5 * n:,} running + {10 * n:,} pending, telemetry every 2 s:")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import httpx
 import pytest
 
 from scheduler.client import ApiError, Client
-from tests.conftest import DaemonProc, add_sshd_node, fresh_pg_db, wait_for, wait_job
+from tests.conftest import DaemonProc, add_sshd_node, fresh_pg_db, shared_dir, wait_for, wait_job
 
 
 def health(d: DaemonProc) -> dict:
@@ -21,11 +20,7 @@ def health(d: DaemonProc) -> dict:
 
 
 def tally() -> Path:
-    root = Path("/var/tmp/trainyard-tests")
-    root.mkdir(mode=0o711, exist_ok=True)
-    t = Path(tempfile.mkdtemp(prefix="ha-", dir=root))
-    os.chmod(t, 0o1777)
-    return t
+    return shared_dir("ha-")
 
 
 def counted(t: Path, tag: str, body: str) -> list[str]:

@@ -1,25 +1,11 @@
 """Crash safety: the daemon killed with -9, nodes lost and regained, host keys that change."""
 
-import os
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 
-from tests.conftest import add_sshd_node, wait_for, wait_job
+from tests.conftest import add_sshd_node, shared_dir, wait_for, wait_job
 
-
-def tally_dir() -> Path:
-    """Where test jobs count their runs: writable by the account jobs run as (root's tests run
-    them as another user, whose $HOME is not the test node's)."""
-    root = Path("/var/tmp/trainyard-tests")
-    root.mkdir(mode=0o711, exist_ok=True)
-    d = Path(tempfile.mkdtemp(prefix="tally-", dir=root))
-    os.chmod(d, 0o1777)
-    return d
-
-
-TALLY = tally_dir()
+TALLY = shared_dir("tally-")
 
 
 def runs(tag: str) -> int:

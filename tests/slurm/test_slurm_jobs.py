@@ -10,13 +10,12 @@ import pwd
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import DaemonProc, add_sshd_node, wait_job
+from tests.conftest import DaemonProc, add_sshd_node, shared_dir, wait_job
 
 ALIASES = """
 [queues.gpu]
@@ -47,11 +46,7 @@ def slurm_cluster(tmp_path_factory):
 @pytest.fixture
 def submit_dir():
     """A directory the job's account can write (as root, jobs run as another user)."""
-    root = Path("/var/tmp/trainyard-tests")
-    root.mkdir(mode=0o711, exist_ok=True)
-    d = Path(tempfile.mkdtemp(prefix="submit-", dir=root))
-    os.chmod(d, 0o1777)
-    return d
+    return shared_dir("submit-")
 
 
 def sbatch(d: DaemonProc, cwd: Path, script: str, *args: str) -> subprocess.CompletedProcess:

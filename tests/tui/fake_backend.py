@@ -269,6 +269,10 @@ class FakeBackend:
         text = "".join(line + "\n" for line in lines)
         return text[offset:], len(text)
 
+    def set_node(self, name: str, **fields) -> None:
+        """Change what the cluster says of a node."""
+        self._nodes[name].update(fields)
+
     def set_job(self, job_id: int, **fields) -> None:
         """Change what the cluster says of a job (as the daemon would after a change)."""
         self._jobs[job_id].update(fields)

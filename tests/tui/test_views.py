@@ -236,6 +236,20 @@ async def test_job_drilldown_shows_spec_allocation_and_log(backend):
         assert "step    39 loss" in text and "following" in text
 
 
+async def test_a_node_screen_shows_its_health_gate_and_fencing(backend):
+    backend.set_node("gpu-01", health_checks={"status": "failed", "checks": [
+        {"check": "nvml", "result": "pass"}, {"check": "dcgm_diag", "result": "fail"}]},
+        fencing={"cgroup": "v2", "devices": False, "reason": "no device fencing on cgroup v2"})
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("down", "enter")  # gpu-01
+        await pilot.pause()
+        text = screen_text(app)
+        assert "health gate failed" in text and "dcgm_diag: fail" in text
+        assert "GPUs NOT fenced" in text and "no device fencing on cgroup v2" in text
+
+
 async def test_a_container_job_shows_its_image_and_the_digest_it_ran(backend):
     backend.set_job(6, image="registry.local/pytorch:24.01", image_digest="sha256:" + "ab" * 32)
     app = make_app(backend, view="jobs")

@@ -86,6 +86,20 @@ class NodeScreen(DetailScreen):
         telemetry = node.get("telemetry") or {}
         text.append(f"\nlabels {fmt.labels_text(node.get('labels')) or '-'}  "
                     f"telemetry {fmt.ago(telemetry.get('time'), now)}", style="dim")
+        gate = node.get("health_checks") or {}
+        if gate.get("status"):  # the health gate: how the node's last checks went, check by check
+            style = {"passed": "green", "failed": "red"}.get(gate["status"], "yellow")
+            text.append("\nhealth gate ", style="dim")
+            text.append(gate["status"], style=style)
+            for c in gate.get("checks") or ():
+                text.append(f"  {c.get('check')}: {c.get('result')}",
+                            style="red" if c.get("result") == "fail" else "dim")
+        fencing = node.get("fencing") or {}
+        if fencing:
+            text.append(f"\nfencing {fencing.get('cgroup') or 'none'}"
+                        + ("" if fencing.get("devices") else "  GPUs NOT fenced")
+                        + (f"  ({fencing['reason']})" if fencing.get("reason") else ""),
+                        style="dim" if fencing.get("devices") else "yellow")
         info.update(text)
         rows = {}
         for gpu in telemetry.get("gpus") or []:
