@@ -16,7 +16,6 @@ says so. The demo's simulated GPUs are a plugin (simgpu.py) that only simulated 
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -27,13 +26,14 @@ import subprocess
 import sys
 import threading
 import time
-import zipfile
 
 if __package__:
     from . import containers, fencing, nodestate
     from . import protocol as P
     from .accounts import DEFAULT_MIN_UID, AccountError, lookup
     from .gpus import GPU_FIELDS, Gpus, job_of_pid
+    from .nodefiles import install_public, own_file, write_atomic
+    from .outputs import OutputStreams
 else:  # inside the agent's bundle on a node
     import containers
     import fencing
@@ -41,6 +41,8 @@ else:  # inside the agent's bundle on a node
     import protocol as P
     from accounts import DEFAULT_MIN_UID, AccountError, lookup
     from gpus import GPU_FIELDS, Gpus, job_of_pid
+    from nodefiles import install_public, own_file, write_atomic
+    from outputs import OutputStreams
 
 __all__ = ["Agent", "GPU_FIELDS", "Gpus", "job_of_pid", "main"]
 
@@ -70,153 +72,10 @@ def node_gpus(declared: int, model: str):
     return SimulatedGpus(int(sim))
 
 
-def _write_atomic(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 # Slurm's srun and scontrol for batch scripts: where each file lies under the agent's directory,
 # and its path in the bundle (the shims load hostlist.py and layout.py from the directory above)
 SLURM_SHIM_FILES = (("hostlist.py", "slurm/hostlist.py"), ("layout.py", "slurm/layout.py"),
                     ("bin/srun", "slurm/shims/srun.py"), ("bin/scontrol", "slurm/shims/scontrol.py"))
-
-
-def _own_file(rel: str) -> bytes:
-    """A file shipped beside this module: in the agent's zip bundle, or in the source tree."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    if zipfile.is_zipfile(here):
-        with zipfile.ZipFile(here) as z:
-            return z.read(rel)
-    with open(os.path.join(here, rel), "rb") as f:
-        return f.read()
-
-
-def _install_public(top: str, rel: str, data: bytes) -> None:
-    """Write top/rel so that every job's account may read it (and run it, under bin/), atomically."""
-    path = os.path.join(top, rel)
-    for d in (top, os.path.dirname(path)):  # rel is at most one directory deep
-        os.makedirs(d, exist_ok=True)
-        os.chmod(d, 0o755)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, 0o755 if os.path.basename(os.path.dirname(path)) == "bin" else 0o644)
-    os.replace(tmp, path)
-
-
-class OutputStreams:
-    """Sends every job's output to the daemon as it is written, like a log shipper: at most
-    WINDOW bytes of a stream (and MAX_IN_FLIGHT of all streams) beyond the daemon's last
-    acknowledgement, resent from there when no acknowledgement comes for RESEND_S. The last
-    acknowledged offset is kept beside the log (`log.acked`), so an agent started after a
-    daemon restart goes on from there; the daemon skips what it already holds. A stream ends
-    when the daemon says `done` (`log.done`): the job ended and every byte is stored, or the
-    daemon wants no more of it."""
-
-    CHUNK = 65536
-    WINDOW = 4 * CHUNK
-    MAX_IN_FLIGHT = 32 * CHUNK
-    RESEND_S = 2.0
-    PERSIST_S = 1.0
-
-    def __init__(self, agent: Agent):
-        self.agent = agent
-        self.streams: dict[str, dict] = {}
-
-    def load(self) -> None:
-        """Streams the daemon has not finished with: jobs of earlier agents included."""
-        for key in sorted(os.listdir(self.agent.jobs_dir)):
-            d = os.path.join(self.agent.jobs_dir, key)
-            if os.path.isdir(d) and not os.path.exists(os.path.join(d, "log.done")):
-                self.add(key)
-
-    def add(self, key: str) -> None:
-        if key in self.streams:
-            return
-        acked = self.agent.read(self.agent.job_dir(key), "log.acked")
-        start = int(acked) if acked and acked.isdigit() else 0
-        self.streams[key] = {"acked": start, "sent": start, "saved": start, "eof": False,
-                             "since": time.monotonic(), "persisted": time.monotonic()}
-
-    def in_flight(self) -> int:
-        return sum(st["sent"] - st["acked"] for st in self.streams.values())
-
-    def on_ack(self, msg: P.OutputAck) -> None:
-        st = self.streams.get(msg.key)
-        if st is None:
-            return
-        d = self.agent.job_dir(msg.key)
-        if msg.done:
-            del self.streams[msg.key]
-            with contextlib.suppress(FileNotFoundError):  # the job's directory was removed
-                _write_atomic(os.path.join(d, "log.done"), str(msg.offset))
-            return
-        offset = int(msg.offset)
-        if offset < st["acked"] or offset > st["sent"]:
-            # the daemon holds less than was acknowledged (or more than was sent, from an
-            # earlier agent): go on from what it holds
-            st["sent"] = offset
-            st["eof"] = False
-        st["acked"] = offset
-        st["since"] = time.monotonic()
-        now = time.monotonic()
-        if now - st["persisted"] >= self.PERSIST_S and st["saved"] != offset:
-            _write_atomic(os.path.join(d, "log.acked"), str(offset))
-            st["saved"], st["persisted"] = offset, now
-
-    def ended(self, key: str, d: str) -> bool:
-        if self.agent.exists(d, "rc") or self.agent.exists(d, "failed"):
-            return True
-        if key in self.agent.watching:
-            return False
-        return self.agent.status(key)["state"] in ("exited", "lost", "unknown")
-
-    def pump(self) -> None:
-        """Send what was written since the last call, within the windows."""
-        budget = self.MAX_IN_FLIGHT - self.in_flight()
-        now = time.monotonic()
-        for key, st in list(self.streams.items()):
-            if st["sent"] > st["acked"] or st["eof"]:
-                if now - st["since"] < self.RESEND_S:
-                    if st["eof"]:
-                        continue
-                else:  # nothing acknowledged for a while: resend from the acknowledged offset
-                    budget += st["sent"] - st["acked"]
-                    st["sent"], st["eof"], st["since"] = st["acked"], False, now
-            d = self.agent.job_dir(key)
-            path = os.path.join(d, "log")
-            try:
-                size = os.stat(path).st_size
-            except FileNotFoundError:
-                size = 0
-            room = min(self.WINDOW - (st["sent"] - st["acked"]), budget)
-            while room > 0 and st["sent"] < size:
-                with open(path, "rb") as f:
-                    f.seek(st["sent"])
-                    data = f.read(min(self.CHUNK, room, size - st["sent"]))
-                if not data:
-                    break
-                self.agent.send(P.Output(key, st["sent"],
-                                         base64.b64encode(data).decode("ascii"), False))
-                if st["sent"] == st["acked"]:
-                    st["since"] = now
-                st["sent"] += len(data)
-                room -= len(data)
-                budget -= len(data)
-            if st["sent"] >= size and not st["eof"] and self.ended(key, d):
-                # the end, once everything written has been sent (its size cannot grow now)
-                try:
-                    size = os.stat(path).st_size
-                except FileNotFoundError:
-                    size = 0
-                if st["sent"] >= size:
-                    self.agent.send(P.Output(key, st["sent"], "", True))
-                    st["eof"] = True
-                    st["since"] = now
 
 
 class Agent:
@@ -288,7 +147,7 @@ class Agent:
             spec = self.prepare(d, msg)
         except (AccountError, fencing.FencingError, containers.ContainerError, OSError) as e:
             reason = str(e) if not isinstance(e, OSError) else f"cannot prepare the job: {e}"
-            _write_atomic(os.path.join(d, "failed"), reason)
+            write_atomic(os.path.join(d, "failed"), reason)
             self.send(P.LaunchFailed(key, reason))
             return
         self.watching[key] = info
@@ -320,9 +179,9 @@ class Agent:
         if not argv:
             raise OSError("the launch has neither argv nor script")
         if msg.workdir and not os.path.isdir(msg.workdir):
-            _write_atomic(os.path.join(d, "log"),
+            write_atomic(os.path.join(d, "log"),
                           f"trainyard: workdir {msg.workdir!r} does not exist on {socket.gethostname()}\n")
-            _write_atomic(os.path.join(d, "rc"), "127")
+            write_atomic(os.path.join(d, "rc"), "127")
             return None
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINYARD_SIM_", "SSH_"))}
         if account is not None:  # the owner's own environment, as a login would give it
@@ -345,7 +204,7 @@ class Agent:
                 "umask": 0o077 if account else self.umask}
         if container:
             spec["container"] = container
-        _write_atomic(os.path.join(d, "spec.json"), json.dumps(spec))
+        write_atomic(os.path.join(d, "spec.json"), json.dumps(spec))
         return spec
 
     def slurm_shims(self) -> str | None:
@@ -355,7 +214,7 @@ class Agent:
             top = os.path.join(self.root, "slurm")
             try:
                 for rel, source in SLURM_SHIM_FILES:
-                    _install_public(top, rel, _own_file(source))
+                    install_public(top, rel, own_file(source))
             except (OSError, KeyError):
                 self._slurm_bin = ""
             else:
@@ -504,7 +363,7 @@ class Agent:
         """Write the preemption deadline where the job reads it (TRAINYARD_PREEMPT_DEADLINE_FILE)."""
         path = os.path.join(self.job_dir(msg.key), "work", "preempt_deadline")
         if os.path.isdir(os.path.dirname(path)):
-            _write_atomic(path, f"{msg.deadline:.0f}\n")
+            write_atomic(path, f"{msg.deadline:.0f}\n")
             os.chmod(path, 0o644)
 
     def on_signal(self, msg: P.Signal) -> None:

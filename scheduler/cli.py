@@ -180,7 +180,7 @@ def daemon(config_path, listen, db, verbose, status):
         return
 
     from .config import home
-    from .settings import DaemonConfig
+    from .daemon_config import DaemonConfig
 
     try:
         config = DaemonConfig.load(config_path)
@@ -318,7 +318,14 @@ def submit(ctx, args, parsable, as_json, **opts):
             raise click.UsageError(f"{args[0]}: {e}") from None
         if batch.warning():
             click.echo(batch.warning(), err=True)
-        spec.update(batch.to_submit_body(script))
+        body = batch.to_submit_body(script)
+        if body.get("workdir") == os.getcwd():
+            # no -D/--chdir: trainyard's default working directory (the job's own, on the node)
+            # rather than sbatch's (this directory, which the node may not have); `ty-sbatch`
+            # keeps Slurm's and writes slurm-%j.out there
+            body.pop("workdir")
+            body.pop("submit_dir", None)
+        spec.update(body)
     for key, value in opts.items():
         if ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE or (key not in spec and value not in (None, (), False)):
             spec[key] = value

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .settings import DaemonConfig
+    from .daemon_config import DaemonConfig
 
 DEFAULT_HOME = "~/.local/share/trainyard"
 
@@ -47,7 +47,7 @@ def __getattr__(name: str):
     # `from scheduler.config import DaemonConfig` keeps working without making every CLI
     # call pay for pydantic and the planner.
     if name == "DaemonConfig":
-        from .settings import DaemonConfig
+        from .daemon_config import DaemonConfig
 
         return DaemonConfig
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

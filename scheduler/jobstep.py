@@ -29,20 +29,14 @@ import time
 if __package__:
     from . import containers, fencing
     from .accounts import Account, become
+    from .nodefiles import write_atomic
 else:  # inside the agent's bundle on a node
     import containers
     import fencing
     from accounts import Account, become
+    from nodefiles import write_atomic
 
 CHUNK = 65536
-
-
-def write_atomic(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def exit_code(status: int) -> int:

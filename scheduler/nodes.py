@@ -37,7 +37,7 @@ log = logging.getLogger("trainyard.nodes")
 HERE = Path(__file__).parent
 # The agent's bundle: what real nodes run. The demo's GPU simulator (simgpu.py) is not in it.
 BUNDLE_MODULES = ("agent", "protocol", "gpus", "nodestate", "accounts", "fencing", "jobstep",
-                  "containers",
+                  "containers", "nodefiles", "outputs",
                   # Slurm's srun and scontrol inside jobs, and what they import
                   "slurm/hostlist", "slurm/layout", "slurm/shims/srun", "slurm/shims/scontrol")
 BUNDLE_MAIN = "import sys\n\nimport agent\n\nsys.exit(agent.main(sys.argv[1:]))\n"

@@ -9,14 +9,12 @@ The planner stays free of pydantic: `to_policy()` and `to_health()` build its fr
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import replace
-from functools import cached_property
 from itertools import pairwise
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -32,6 +30,7 @@ from pydantic import (
 
 from .health import ACTIONS, DRAIN_NODE, FATAL_XIDS, HealthRules
 from .planner.policy import ORDERS, PRESETS, QUEUEINGS, PolicyConfig, QueuePolicy, TeamQuota
+from .settings_messages import describe, short
 from .units import UnitError, format_duration, parse_duration
 
 POLICIES = PRESETS
@@ -285,7 +284,7 @@ class LogsSettings(_Table):
 
 def _http_url(value: str) -> str:
     if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
-        raise ValueError(f"expected an http:// or https:// URL, got {_short(value)}")
+        raise ValueError(f"expected an http:// or https:// URL, got {short(value)}")
     return value
 
 
@@ -469,10 +468,12 @@ class Settings(_Table):
         try:
             return cls.model_validate(document)
         except ValidationError as e:
-            raise SettingsError(describe(e), source) from None
+            raise SettingsError(describe(e, Settings), source) from None
 
     @classmethod
     def load(cls, path: str | Path) -> Settings:
+        from .daemon_config import read_toml
+
         return cls.from_toml(read_toml(path), str(Path(path).expanduser()))
 
     # -------------------------------------------------------------------------- the edge
@@ -527,165 +528,3 @@ class Settings(_Table):
 
 def _preset(name: str) -> PolicyConfig:
     return PolicyConfig.preset(name)
-
-
-# ------------------------------------------------------------------------------ messages
-_EXPECTED = {
-    "bool_type": "expected true or false",
-    "int_type": "expected a whole number",
-    "float_type": "expected a number",
-    "finite_number": "expected a finite number",
-    "string_type": "expected a string",
-    "list_type": "expected a list",
-    "dict_type": "expected a table",
-    "model_type": "expected a table",
-    "model_attributes_type": "expected a table",
-}
-
-
-def describe(error: ValidationError) -> list[str]:
-    """One line per problem: the key's path in trainyard.toml, what is wrong, and the value."""
-    lines = []
-    for e in error.errors(include_url=False):
-        loc = [p for p in e["loc"] if p != "[key]"]
-        path = _path(loc) or "trainyard.toml"
-        kind, value, ctx = e["type"], e.get("input"), e.get("ctx") or {}
-        if kind == "value_error":
-            text = str(ctx.get("error", e["msg"]))
-            # checks across tables name their keys themselves, one problem per line
-            lines += [f"{path}: {text}"] if loc else text.splitlines()
-            continue
-        if kind == "extra_forbidden":
-            what = "setting" if len(loc) > 1 else "table"
-            known = _known_keys(loc[:-1])
-            hint = f"; known {what}s: {', '.join(known)}" if known else ""
-            lines.append(f"{path}: unknown {what} (value {_short(value)}){hint}")
-            continue
-        if kind == "literal_error":
-            text = f"expected one of {ctx.get('expected')}"
-        elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-            op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
-                  "less_than_equal": "<="}[kind]
-            bound = next(iter(ctx.values()))
-            text = f"must be {op} {bound:g}" if isinstance(bound, float) else f"must be {op} {bound}"
-        else:
-            text = _EXPECTED.get(kind, e["msg"])
-        lines.append(f"{path}: {text}, got {_short(value)}")
-    return lines
-
-
-def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _path(loc: list) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif out:
-            out += f".{part}"
-        else:
-            out = str(part)
-    return out
-
-
-def _known_keys(loc: list) -> list[str]:
-    """The keys the table at `loc` accepts, found by walking the models' annotations."""
-    t: Any = Settings
-    for part in loc:
-        t = _model_or_container(t)
-        if isinstance(t, type) and issubclass(t, BaseModel):
-            field = t.model_fields.get(str(part))
-            if field is None:
-                return []
-            t = field.annotation
-        else:
-            args = get_args(t)
-            t = args[-1] if args else None
-    t = _model_or_container(t)
-    return sorted(t.model_fields) if isinstance(t, type) and issubclass(t, BaseModel) else []
-
-
-def _model_or_container(t: Any) -> Any:
-    while True:
-        origin = get_origin(t)
-        if origin is Annotated:
-            t = get_args(t)[0]
-        elif origin is Union or type(t).__name__ == "UnionType":
-            t = next(a for a in get_args(t) if a is not type(None))
-        else:
-            return t
-
-
-# ------------------------------------------------------------------------------ the daemon's view
-class DaemonConfig(DaemonSettings):
-    """What `trainyard daemon` runs with: the [daemon] keys as attributes, the other tables
-    converted for the parts that use them (`policy_config`, `health_rules`, `users`, `nodes`).
-
-    `--listen` and `--db` on the command line replace the file's values by assignment, which
-    is validated like the file.
-    """
-
-    model_config = ConfigDict(frozen=False, validate_assignment=True)
-
-    settings: Settings = Settings()
-    # the raw tables as written, for code that still parses them itself
-    document: dict[str, Any] = {}
-
-    @classmethod
-    def load(cls, path: str | Path | None) -> DaemonConfig:
-        if path is None:
-            return cls()
-        document = read_toml(path)
-        settings = Settings.from_toml(document, str(Path(path).expanduser()))
-        return cls(**settings.daemon.model_dump(), settings=settings, document=document)
-
-    @cached_property
-    def policy_config(self) -> PolicyConfig:
-        return self.settings.to_policy()
-
-    @cached_property
-    def health_rules(self) -> HealthRules:
-        return self.settings.to_health()
-
-    @property
-    def users(self) -> dict[str, str]:
-        """trainyard user -> Unix account the user's jobs run as."""
-        return dict(self.settings.users)
-
-    @property
-    def nodes(self) -> NodesSettings:
-        return self.settings.nodes
-
-    @property
-    def queue_aliases(self) -> dict[str, str]:
-        return self.settings.queue_aliases()
-
-    @property
-    def policy(self) -> dict[str, Any]:
-        """The raw [scheduler], [queues.*] and [teams.*] tables (use `policy_config`)."""
-        doc = {k: v for k, v in self.document.items() if k in ("scheduler", "queues", "teams")}
-        if "queues" in doc:  # aliases are resolved by the API, not the planner
-            doc["queues"] = {name: {k: v for k, v in q.items() if k != "aliases"}
-                             for name, q in doc["queues"].items()}
-        return doc
-
-    @property
-    def health(self) -> dict[str, Any]:
-        """The raw [health] table (use `health_rules`)."""
-        return dict(self.document.get("health", {}))
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """A TOML file as a dict; SettingsError says in one line why it cannot be read."""
-    p = Path(path).expanduser()
-    try:
-        return tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise SettingsError([f"config file {str(p)!r} does not exist"]) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SettingsError([f"cannot read config file {str(p)!r}: {e}"]) from None
-    except tomllib.TOMLDecodeError as e:
-        raise SettingsError([f"config file {str(p)!r} is not valid TOML: {e}"]) from None

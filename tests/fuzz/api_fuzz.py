@@ -61,20 +61,25 @@ def main() -> int:
     total, failed = 0, False
     try:
         user = d.client().create_token("fuzz-user", "user")["token"]
-        # about 38 cases per operation and unit of -n on this API (measured); split over two roles
-        per_role = max(1, args.cases // 2 // 38)
-        for role, token in (("admin", d.token), ("user", user)):
-            t0 = time.monotonic()
-            r = run_schemathesis(d.url, token, per_role, args.seed, admin=role == "admin")
-            n = cases(r.stdout)
-            total += n
-            print(f"{role}: {n} cases in {time.monotonic() - t0:.0f} s, exit {r.returncode}")
-            if r.returncode != 0:
-                failed = True
-                print(r.stdout[-6000:])
+        # about 28 generated cases per unit of -n on this API (measured); split over two roles,
+        # and further rounds (other seeds) until the total is reached
+        seed = args.seed
+        while total < args.cases and not failed:
+            per_role = max(1, (args.cases - total) // 2 // 28)
+            for role, token in (("admin", d.token), ("user", user)):
+                t0 = time.monotonic()
+                r = run_schemathesis(d.url, token, per_role, seed, admin=role == "admin")
+                n = cases(r.stdout)
+                total += n
+                print(f"{role}: {n} cases in {time.monotonic() - t0:.0f} s (seed {seed}), exit {r.returncode}",
+                      flush=True)
+                if r.returncode != 0:
+                    failed = True
+                    print(r.stdout[-6000:])
+            seed += 1
     finally:
         d.stop()
-    print(f"schemathesis: {total} generated cases, seed {args.seed}, "
+    print(f"schemathesis: {total} generated cases, seeds from {args.seed}, "
           f"{'FAILURES (above)' if failed else '0 failures'}")
     return 1 if failed else 0
 

@@ -17,8 +17,9 @@ from scheduler import models as m
 from scheduler.daemon import Daemon, ManualClock
 from scheduler.daemon.caller import Caller
 from scheduler.daemon.jobs import JobRequest
+from scheduler.daemon_config import DaemonConfig
 from scheduler.models import Event, Job, Node
-from scheduler.settings import DaemonConfig, Settings, SettingsError
+from scheduler.settings import Settings, SettingsError
 from scheduler.simnode import start_sim_nodes, stop_sim_nodes
 
 GPUS = 4  # g6.12xlarge: 4 NVIDIA L4 per node

@@ -12,8 +12,8 @@ from scheduler.api.app import create_app
 from scheduler.api.routers import accounting as accounting_router
 from scheduler.daemon import Daemon, ManualClock
 from scheduler.daemon.accounting import record_from_json
+from scheduler.daemon_config import DaemonConfig
 from scheduler.models import Job, Node
-from scheduler.settings import DaemonConfig
 
 NOW = 1_700_000_000.0
 H = 3600.0
