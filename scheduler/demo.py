@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
+from sqlmodel import select
 
 from . import models as m
 from .config import DaemonConfig
@@ -58,9 +59,15 @@ async def start_demo(base: Path, nodes: int, gpus: int, listen: str = "127.0.0.1
     return daemon, bind(listen), sims, token
 
 
-async def wait_nodes_up(daemon: Daemon, count: int, timeout: float = 15.0) -> None:
+async def wait_nodes_up(daemon: Daemon, count: int, timeout: float = 30.0) -> None:
+    """Until every node is connected and UP (its health gate passed), or the timeout."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and daemon.links.connected_count() < count:
+
+    def up() -> int:
+        with daemon.store.read() as s:
+            return sum(n.state == m.UP for n in s.exec(select(Node)).all())
+
+    while time.monotonic() < deadline and (daemon.links.connected_count() < count or up() < count):
         await asyncio.sleep(0.05)
 
 

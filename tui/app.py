@@ -17,6 +17,7 @@ from tui.components.command_bar import CommandBar, resolve_command
 from tui.components.detail import DetailScreen, JobScreen, NodeScreen
 from tui.components.dialogs import ConfirmScreen, HelpScreen, PromptScreen, SubmitScreen
 from tui.components.palette import ActionCommands
+from tui.components.table import KeyedTable
 from tui.components.views import (
     ClusterHeader,
     EventsView,
@@ -360,6 +361,8 @@ class TrainyardApp(RefreshMixin, App):
         if done:
             self.notify(verbs.success(verb, done))
             for view in self.views.values():
+                if not view.is_mounted or not view.query(KeyedTable):  # torn down, or not built yet
+                    continue
                 if view.table.marks:
                     view.table.clear_marks()
                     view.update_title()

@@ -29,8 +29,14 @@ class Connection:
     async def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
         data = json.dumps(body).encode() if body is not None else b""
         extra = f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n" if body is not None else ""
-        self.writer.write(f"{method} {path} HTTP/1.1\r\n{self.head}{extra}\r\n".encode() + data)
+        raw = f"{method} {path} HTTP/1.1\r\n{self.head}{extra}\r\n".encode() + data
+        self.writer.write(raw)
         status_line = await self.reader.readline()
+        if not status_line and method == "GET":  # the server closed an idle keep-alive connection
+            await self.close()
+            await self.open()
+            self.writer.write(raw)
+            status_line = await self.reader.readline()
         status = int(status_line.split()[1])
         length = 0
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
