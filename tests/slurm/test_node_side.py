@@ -121,11 +121,11 @@ def test_srun_outside_a_job_is_refused():
 
 def test_the_agent_installs_runnable_shims_from_its_own_files(tmp_path):
     """What a job's PATH gets: srun and scontrol, readable by any account, working from there."""
-    from scheduler import agent
+    from scheduler import agent, nodefiles
 
     top = tmp_path / "slurm"
     for rel, source in agent.SLURM_SHIM_FILES:
-        agent._install_public(str(top), rel, agent._own_file(source))
+        nodefiles.install_public(str(top), rel, nodefiles.own_file(source))
     assert oct((top / "bin" / "srun").stat().st_mode & 0o777) == "0o755"
     assert oct((top / "hostlist.py").stat().st_mode & 0o777) == "0o644"
     env = {"PATH": f"{top / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-[01-02]"}
