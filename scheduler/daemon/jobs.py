@@ -17,7 +17,7 @@ from ..planner import PolicyConfig, depends_on, parse_array
 from .caller import Caller
 from .clock import Clock
 from .errors import Conflict, Forbidden, NotFound
-from .lifecycle import JobLifecycle, job_key
+from .lifecycle import JobLifecycle
 from .links import NodeLinks
 from .state import StateStore
 from .views import job_json
@@ -307,24 +307,3 @@ class JobService:
             self.lifecycle.requeue(s, job, f"requeued by {caller.user}")
         else:
             raise Conflict(f"job {job.id} is {job.state}; it is already waiting to run")
-
-    # ---------------------------------------------------------------- logs
-    async def log(self, caller: Caller, job_id: int, offset: int, rank: int, limit: int) -> dict[str, Any]:
-        with self.store.read() as s:
-            job = self._job(s, job_id)
-        if not caller.may_act_on(job.user):
-            raise Forbidden(f"job {job_id} belongs to {job.user}; {caller.user} may read only their own "
-                            "jobs' logs")
-        ranks = len(job.allocation)
-        if rank >= max(ranks, 1):
-            have = f"ranks 0..{ranks - 1}" if ranks else "no ranks: it has not run yet"
-            raise NotFound(f"rank: job {job_id} has no rank {rank}; it has {have}", "rank")
-        if not ranks:
-            return {"data": "", "next": offset, "state": job.state, "node": None}
-        node = job.allocation[rank]["node"]
-        if node not in self.links.names():
-            raise NotFound(f"node {node} is not known to the daemon any more; the log stayed there")
-        reply = await self.links.request(node, {"op": "log", "key": job_key(job), "offset": offset,
-                                                "limit": limit})
-        return {"data": reply.get("data", ""), "next": reply.get("next", offset), "state": job.state,
-                "node": node}
