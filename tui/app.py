@@ -354,6 +354,8 @@ class TrainyardApp(RefreshMixin, App):
 
     @on(ActionDone)
     def _on_action_done(self, message: ActionDone) -> None:
+        if not self.screen_stack:  # the app closed while the daemon answered
+            return
         verb, done, failures = message.verb, message.done, message.failures
         if failures:
             self.notify(verbs.refusal(verb, failures), severity="error", title="daemon refused",
