@@ -1,10 +1,12 @@
 """GPU health rules: which telemetry drains a node or takes one GPU out of allocation, and why.
 
-Pure: no I/O and no clock reads. The daemon keeps each node's recent telemetry in a
-`TelemetryHistory`, calls `evaluate(rules, node, history.samples(node), now)` on every
-telemetry message, and acts on each verdict whose `key` it has not acted on yet (a verdict
-stays in the answer while its cause is still in the history, so acting once per key is what
-"once per new cause" means; forget a key when evaluate stops returning it).
+Pure: no I/O and no clock reads. `evaluate(rules, node, history, now)` states the rules over a
+node's recent telemetry; `HealthTracker` gives the same verdicts one sample at a time in
+O(GPUs) per sample (the daemon's path: a 1,000-node cluster sends 500 samples a second, and
+re-reading a 300-sample history for each costs O(history)). The daemon acts on each verdict
+whose `key` it has not acted on yet (a verdict stays in the answer while its cause is still in
+the history, so acting once per key is what "once per new cause" means; forget a key when the
+rules stop returning it).
 
 A telemetry sample is `{"time": epoch seconds, "gpus": [gpu dict, ...]}` with the agent's
 GPU fields (docs/gpu.md): `xid_events` (XID codes that arrived since the previous sample),
@@ -153,6 +155,113 @@ def _hot(rules: HealthRules, series: list, latest_time):
     if held < rules.temp_period_s:
         return None
     return start, held, series[-1][1]["temp_c"]
+
+
+# ---------------------------------------------------------------- incremental
+
+class _NodeHealth:
+    """What the rules need from one node's last `window` samples, kept up to date per sample."""
+
+    __slots__ = ("seq", "xids", "hot", "current", "latest_time")
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.xids: deque = deque()  # (seq, sample time, gpu, code) of fatal XIDs, oldest first
+        self.hot: dict[int, deque] = {}  # gpu -> (seq, time) of its current over-threshold run
+        self.current: dict[int, dict] = {}  # gpu -> its fields in the latest sample
+        self.latest_time = None
+
+
+class HealthTracker:
+    """`evaluate` kept up to date one sample at a time, in O(GPUs) per sample and O(fatal XIDs +
+    hot samples) of memory per node instead of the whole history.
+
+    Samples count in the order they arrive (a node whose clock runs ahead of the daemon's is not
+    ignored); for samples stamped no later than `now`, `observe` returns exactly what
+    `evaluate(rules, node, last rules.history_samples samples, now)` would.
+    """
+
+    def __init__(self, rules: HealthRules):
+        self.rules = rules
+        self._nodes: dict[str, _NodeHealth] = {}
+
+    def observe(self, node: str, sample: dict) -> list[Verdict]:
+        if not isinstance(sample, dict):
+            return self.verdicts(node)
+        st = self._nodes.get(node)
+        if st is None:
+            st = self._nodes[node] = _NodeHealth()
+        st.seq += 1
+        first = st.seq - self.rules.history_samples + 1  # the oldest sample still in the window
+        st.latest_time = _num(sample.get("time"))  # a malformed time: no temperature verdict
+        t = st.latest_time or 0
+        current = {}
+        for g in _gpus(sample):
+            if not isinstance(g, dict) or not isinstance(g.get("index"), int):
+                continue
+            i = g["index"]
+            current[i] = g
+            events = g.get("xid_events")
+            if isinstance(events, (list, tuple)):
+                for code in events:
+                    if isinstance(code, int) and code in self.rules.fatal_xids:
+                        st.xids.append((st.seq, t, i, code))
+            temp = _num(g.get("temp_c"))
+            if temp is not None and temp > self.rules.temp_c:
+                st.hot.setdefault(i, deque()).append((st.seq, t))
+            else:
+                st.hot.pop(i, None)
+        st.current = current
+        while st.xids and st.xids[0][0] < first:
+            st.xids.popleft()
+        for run in st.hot.values():
+            while run and run[0][0] < first:
+                run.popleft()
+        return self.verdicts(node)
+
+    def verdicts(self, node: str) -> list[Verdict]:
+        """The verdicts after the node's latest sample (none for a node never heard of)."""
+        st = self._nodes.get(node)
+        if st is None or not st.seq:
+            return []
+        rules = self.rules
+        newest_xid: dict[int, tuple] = {}
+        for _, t, i, code in st.xids:
+            newest_xid[i] = (t, code)
+        out: list[Verdict] = []
+
+        def add(rule: str, gpu: int, reason: str, key: str):
+            action = getattr(rules, rule)
+            if action != OFF:
+                out.append(Verdict(gpu=gpu, action=action, reason=f"GPU {gpu}: {reason}",
+                                   key=f"gpu{gpu}:{key}", node=node, rule=rule))
+
+        for i in sorted(set(st.current) | set(newest_xid)):
+            g = st.current.get(i, {})
+            if g.get("off_bus"):
+                add("off_bus", i, "fell off the bus (NVML: GPU is lost)", "off_bus")
+            if i in newest_xid:
+                t, code = newest_xid[i]
+                add("xid", i, f"XID {code} ({xid_meaning(code)})", f"xid{code}@{t}")
+            dbe = _num(g.get("ecc_dbe_volatile"))
+            if dbe is None:
+                dbe = _num(g.get("ecc_dbe"))
+            if dbe:
+                add("ecc_dbe", i, f"{dbe} double-bit ECC error{'s' if dbe != 1 else ''} (uncorrectable)",
+                    f"ecc_dbe:{dbe}")
+            if g.get("remap_failure"):
+                add("remap_failure", i, "row remapping failed (the GPU needs a reset or repair)",
+                    "remap_failure")
+            run = st.hot.get(i)
+            if run and i in st.current and st.latest_time is not None:
+                held = st.latest_time - run[0][1]
+                if held >= rules.temp_period_s:
+                    add("temp", i, f"temperature {g['temp_c']:g} °C over {rules.temp_c:g} °C for "
+                        f"{held:.0f} s", "temp")
+        return out
+
+    def forget(self, node: str) -> None:
+        self._nodes.pop(node, None)
 
 
 # ---------------------------------------------------------------- the history

@@ -41,6 +41,10 @@ class IdleHistory:
         self.keep_s = keep_s
         self.spans: dict[tuple[str, int], list[tuple[float, float]]] = {}
         self.last: dict[tuple[str, int], tuple[float, bool]] = {}  # GPU -> (time, idle)
+        # closed spans not yet on disk: written at most once a second (a 1,000-node cluster
+        # closes thousands a second), so a crash loses at most the last second of idle time
+        self._unwritten: list[dict] = []
+        self._written_at = 0.0
 
     def load(self, now: float) -> None:
         """Read the spans kept before a restart (older than the history are left out, and
@@ -76,7 +80,16 @@ class IdleHistory:
                 closed.append({"node": node, "gpu": index, "start": prev[0], "end": end})
             self.last[key] = (float(t), util < self.threshold)
         if closed:
-            self._append(closed)
+            self._unwritten.extend(closed)
+            if t - self._written_at >= 1.0 or t < self._written_at:
+                self.flush(t)
+
+    def flush(self, now: float) -> None:
+        """Write the closed spans kept in memory since the last write."""
+        rows, self._unwritten = self._unwritten, []
+        self._written_at = now
+        if rows:
+            self._append(rows)
 
     def _add(self, key: tuple[str, int], a: float, b: float) -> None:
         spans = self.spans.setdefault(key, [])

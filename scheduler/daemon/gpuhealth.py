@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..health import DRAIN_NODE, EXCLUDE_GPU, HealthRules, TelemetryHistory, evaluate
+from ..health import DRAIN_NODE, EXCLUDE_GPU, HealthRules, HealthTracker
 from .clock import Clock
 
 
@@ -17,13 +17,12 @@ class HealthMonitor:
         self.clock = clock
         self._drain = drain
         self._changed = changed
-        self.history = TelemetryHistory(rules.history_samples)
+        self.tracker = HealthTracker(rules)  # O(GPUs) per sample, not O(history)
         self.acted: dict[str, set[str]] = {}
         self.excluded: dict[str, dict[int, str]] = {}  # node -> GPU -> why it is out of allocation
 
     def observe(self, node: str, sample: dict) -> None:
-        self.history.add(node, sample)
-        verdicts = evaluate(self.rules, node, self.history.samples(node), self.clock.time())
+        verdicts = self.tracker.observe(node, sample)
         excluded = {g["index"]: "fell off the bus" for g in sample["gpus"] if g.get("off_bus")}
         for v in verdicts:
             if v.action == EXCLUDE_GPU:
@@ -41,6 +40,6 @@ class HealthMonitor:
         return self.excluded.get(node, {})
 
     def forget(self, node: str) -> None:
-        self.history.forget(node)
+        self.tracker.forget(node)
         self.acted.pop(node, None)
         self.excluded.pop(node, None)

@@ -141,3 +141,53 @@ def test_history_keeps_what_the_rules_and_sparklines_need():
 def test_a_history_needs_room():
     with pytest.raises(ValueError):
         TelemetryHistory(maxlen=0)
+
+
+def _random_sample(rng, t):
+    gpus = []
+    for i in range(rng.choice((2, 3, 3, 3))):  # a GPU sometimes missing from a sample
+        if rng.random() < 0.05:
+            continue
+        gpus.append(gpu(i, temp_c=rng.choice((50, 85, 91, 95, None)),
+                        xid_events=rng.choice(([], [], [], [], [13], [79], [48, 31], [94])),
+                        ecc_dbe_volatile=rng.choice((0, 0, 0, 0, 0, 1, 2, None)),
+                        ecc_dbe=rng.choice((0, 0, 3)), remap_failure=rng.random() < 0.03,
+                        off_bus=rng.random() < 0.03))
+    return {"time": t, "gpus": gpus}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_incremental_tracker_gives_what_the_rules_give_over_the_window(seed):
+    """The daemon's O(GPUs)-per-sample tracker answers exactly what `evaluate` answers over the
+    last `history_samples` samples, sample after sample (causes entering and leaving the window,
+    temperature runs longer than the window, GPUs that come and go)."""
+    import random
+
+    from scheduler.health import HealthTracker
+
+    rng = random.Random(seed)
+    rules = HealthRules(history_samples=rng.choice((5, 20, 40)), temp_period_s=rng.choice((10, 30)),
+                        ecc_dbe=rng.choice(("drain_node", "exclude_gpu", "off")))
+    tracker = HealthTracker(rules)
+    history, t, differed = [], 1000.0, 0
+    for _ in range(400):
+        t += rng.choice((1, 2, 5))
+        s = _random_sample(rng, t)
+        history = (history + [s])[-rules.history_samples:]
+        got = tracker.observe("n1", s)
+        assert got == evaluate(rules, "n1", history, now=t), (len(history), s)
+        differed += bool(got)
+    assert differed > 20  # the random telemetry did raise verdicts to compare
+
+
+def test_the_tracker_keeps_a_temperature_run_across_the_window_and_forgets_a_node():
+    from scheduler.health import HealthTracker
+
+    rules = HealthRules(history_samples=4, temp_period_s=5)
+    tracker = HealthTracker(rules)
+    for t in range(10, 30, 2):
+        verdicts = tracker.observe("n1", sample(t, gpu(0, temp_c=95)))
+    assert [v.reason for v in verdicts] == ["GPU 0: temperature 95 °C over 90 °C for 6 s"]
+    assert tracker.observe("n1", sample(30, gpu(0, temp_c=60))) == []
+    tracker.forget("n1")
+    assert tracker.verdicts("n1") == []
