@@ -3,18 +3,41 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
 
-.PHONY: demo test test-gpu bench fuzz lint clean
+.PHONY: demo demo-ready test test-gpu bench fuzz lint clean
 
-$(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
-	@touch $(STAMP)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 
-## demo: a local daemon on SQLite with 4 simulated SSH nodes of 8 GPUs, in the terminal UI
-demo: $(STAMP)
+# Install into .venv with uv (seconds where pip takes a minute) when it can be had; pip otherwise,
+# or when uv fails.
+define install
+	@if $(BIN)/python -m pip install -q uv >/dev/null 2>&1 && \
+	    $(BIN)/python -m uv pip install -q --python $(BIN)/python $(1); then :; else \
+	  echo "installing with pip"; $(BIN)/pip install -q $(1); fi
+endef
+
+# the runtime only: what the daemon, CLI, TUI and demo need (no test tools)
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(call install,-e .)
+	@# uv writes no bytecode: compile what the demo imports once, not on every start
+	@env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -c 'import scheduler.demo, scheduler.server, tui.app'
+	@touch $@
+
+# the runtime and the dev extra: tests, linters, benchmarks
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(call install,-e '.[dev]')
+	@touch $(DEMO_STAMP) $@
+
+## demo: a local daemon on SQLite with 4 simulated SSH nodes of 8 GPUs busy with a slice of a
+## real trace, in the terminal UI (`trainyard demo --idle` for a cluster that waits for you)
+demo: $(DEMO_STAMP)
 	$(BIN)/trainyard demo
+
+## demo-ready: what `make demo` does before the TUI opens (install, start, every node UP), then stop
+demo-ready: $(DEMO_STAMP)
+	$(BIN)/trainyard demo --no-tui --until-ready --dir "$$(mktemp -d -t trainyard-demo-XXXXXX)"
 
 ## test: the whole suite (real sshd, SQLite and PostgreSQL, a real daemon behind the CLI and TUI)
 test: $(STAMP)

@@ -28,7 +28,7 @@ import threading
 import time
 
 if __package__:
-    from . import containers, fencing, nodestate
+    from . import containers, fencing, nodestate, ptys
     from . import protocol as P
     from .accounts import DEFAULT_MIN_UID, AccountError, lookup
     from .gpus import GPU_FIELDS, Gpus, job_of_pid
@@ -39,6 +39,7 @@ else:  # inside the agent's bundle on a node
     import fencing
     import nodestate
     import protocol as P
+    import ptys
     from accounts import DEFAULT_MIN_UID, AccountError, lookup
     from gpus import GPU_FIELDS, Gpus, job_of_pid
     from nodefiles import install_public, own_file, write_atomic
@@ -109,6 +110,7 @@ class Agent:
                                             int(image_cache_gb * 2**30))
         self.pull_timeout_s = pull_timeout_s
         self.output = OutputStreams(self)
+        self.ptys = ptys.PtySessions(self)  # terminals in running jobs (srun --pty)
         self._slurm_bin: str | None = None  # see slurm_shims(); "" once they cannot be installed
 
     def claim_dir(self) -> None:
@@ -468,7 +470,7 @@ class Agent:
                     "forget": self.on_forget, "log": self.on_log, "watch": self.on_watch,
                     "output_ack": self.output.on_ack, "fault": self.on_fault,
                     "ping": lambda m: self.send(P.Pong(m.id)),
-                    "pull": self.on_pull, "images": self.on_images}
+                    "pull": self.on_pull, "images": self.on_images, **self.ptys.handlers()}
         rid = None
         try:
             obj = json.loads(line)

@@ -244,11 +244,15 @@ def daemon(config_path, listen, db, verbose, status):
 @click.option("--no-tui", is_flag=True, help="Run headless; print TRAINYARD_URL/TRAINYARD_TOKEN and wait.")
 @click.option("--listen", default="127.0.0.1:0", show_default=True, help="HOST:PORT for the API (0: any free port).")
 @click.option("--dir", "workdir", type=click.Path(file_okay=False), help="Where to keep the demo's state [default: a new temp dir].")
-def demo(nodes, gpus_per_node, no_tui, listen, workdir):
-    """A self-contained cluster: the daemon on SQLite plus simulated SSH nodes on loopback."""
+@click.option("--idle", is_flag=True, help="No workload of its own: the cluster waits for your jobs.")
+@click.option("--until-ready", is_flag=True, hidden=True, help="Stop once every node is UP (make demo-ready).")
+def demo(nodes, gpus_per_node, no_tui, listen, workdir, idle, until_ready):
+    """A self-contained cluster: the daemon on SQLite plus simulated SSH nodes on loopback,
+    busy with a replay of a real GPU cluster's trace (Philly) unless --idle."""
     from .demo import run_demo
 
-    run_demo(nodes=nodes, gpus=gpus_per_node, tui=not no_tui, listen=listen, workdir=workdir)
+    run_demo(nodes=nodes, gpus=gpus_per_node, tui=not no_tui, listen=listen, workdir=workdir,
+             idle=idle, until_ready=until_ready)
 
 
 # ------------------------------------------------------------------------------ jobs
@@ -402,11 +406,27 @@ def job_cmd(job_id, as_json):
         ("Retries", f"{j['failures']}/{j['retries']} used"), ("Attempt", j["attempt"]),
         ("Dependency", j["dependency"] or "-"), ("SubmitTime", fmt_time(j["submit_time"])),
         ("StartTime", fmt_time(j["start_time"])), ("EndTime", fmt_time(j["end_time"])),
-        ("EstimatedStart", fmt_time(j.get("estimated_start"))), ("ExitCode", j["exit_code"]),
+        ("EstimatedStart", _estimated_start(j)), ("PredictedRunTime", _predicted_runtime(j)),
+        ("ExitCode", j["exit_code"]),
         ("Allocation", alloc), ("WorkDir", j["workdir"] or "(job directory on the node)"),
     ]
     for k, v in fields:
         click.echo(f"{k:>15}: {'-' if v is None else v}")
+
+
+def _estimated_start(j: dict) -> str:
+    if not j.get("estimated_start"):
+        return "-"
+    basis = j.get("estimated_start_basis")
+    return fmt_time(j["estimated_start"]) + (f" (from {basis})" if basis else "")
+
+
+def _predicted_runtime(j: dict) -> str | None:
+    """The run time history predicts and what it is based on (`prediction_basis`)."""
+    basis = j.get("prediction_basis")
+    if basis and j.get("predicted_runtime_s") is not None and not j.get("prediction_confident"):
+        basis += "; not confident: planned with its time limit"
+    return basis
 
 
 def _job_action(action: str, ids: tuple[int, ...], as_json: bool) -> None:
@@ -484,7 +504,7 @@ def logs(job_id, follow, rank, attempt, as_json):
         ended = r["state"] in final
         waited = waited + 1 if ended else 0
         # ... for at most 10 s: a node that left before sending the end of it will not send more
-        if not follow or r.get("complete") or (ended and (r.get("source") != "store" or waited > 20)):
+        if not follow or r.get("complete") or (ended and (r.get("source") not in ("store", "bucket") or waited > 20)):
             return
         time.sleep(0.5)
 
@@ -554,7 +574,7 @@ def report(by, starttime, endtime, as_csv, as_json):
 @click.option("--gpus", "per_gpu", is_flag=True, help="One row per GPU: utilisation, memory, temperature, power, health.")
 @json_option
 def nodes(per_gpu, as_json):
-    """List nodes: state, GPUs used/total, model, pool and why a node is not UP."""
+    """List nodes: state, GPUs used/total, model, pool, container runtime and why a node is not UP."""
     rows = api(client().nodes)
     if as_json:
         print_json(rows)
@@ -565,10 +585,13 @@ def nodes(per_gpu, as_json):
         headers, gpu_rows = format_gpu_rows(rows)
         table(headers, gpu_rows)
         return
+    from .containers import runtime_word
+
     table(
-        ["NAME", "STATE", "GPUS", "MODEL", "POOL", "ADDRESS", "FENCE", "REASON"],
+        ["NAME", "STATE", "GPUS", "MODEL", "POOL", "ADDRESS", "FENCE", "RUNTIME", "REASON"],
         [[n["name"], n["state"], f"{n['gpus_used']}/{n['gpus_total']}", n["gpu_model"] or "-", n["pool"],
-          f"{n['address']}:{n['port']}", fence_word(n.get("fencing")), n["reason"] or ""] for n in rows],
+          f"{n['address']}:{n['port']}", fence_word(n.get("fencing")), runtime_word(n.get("agent")),
+          n["reason"] or ""] for n in rows],
     )
 
 

@@ -7,6 +7,7 @@ scheduler.settings, and `DaemonConfig` is reachable from here for the code that 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,24 @@ def write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def read_private(path: str, what: str) -> str:
+    """The text of a secret file only its owner may read; ValueError naming the setting `what`,
+    the file and the problem when it is missing, unreadable or readable by others. The text
+    is never logged."""
+    p = Path(path).expanduser()
+    try:
+        mode = p.stat().st_mode
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"{what}: {str(p)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{what}: cannot read {str(p)!r}: {type(e).__name__}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(f"{what}: {str(p)!r} is readable by others (mode {stat.S_IMODE(mode):o}); "
+                         "chmod 600 it")
+    return text
 
 
 def parse_listen(value: str) -> tuple[str, int]:

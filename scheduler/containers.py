@@ -9,9 +9,9 @@ cache passes its high-water mark. Registry credentials reach the runtime in a pr
 file that exists only while the pull runs: never on a command line, in a job's spec or its log.
 
 The container of a job gets exactly its allocated /dev/nvidiaN (or the CDI names of those
-GPUs), the control devices, the job's environment, mounts and user, and the job's limits in a
-cgroup of its own beside the job's (runc cannot nest under a cgroup that denies devices, nor
-run without cgroups): see docs/containers.md.
+GPUs), the control devices, the job's environment, mounts and user, and the job's limits on a
+parent cgroup beside the job's (runc cannot nest under a cgroup that denies devices, nor run
+without cgroups), which also tells an OOM kill that the runtime missed: see docs/containers.md.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ DEFAULT_PULL_TIMEOUT_S = 1800.0
 DEFAULT_HIGH_WATER_GB = 200.0
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+CONTAINER_CGROUP_SUFFIX = ".container"  # the container's parent, beside the job's cgroup
+# the job's limits that a container's parent cgroup copies (cgroup v1), in the order written
+LIMIT_FILES = {"memory": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"),
+               "cpu": ("cpu.cfs_period_us", "cpu.cfs_quota_us"), "pids": ("pids.max",)}
 
 # distribution/reference's grammar, enough to refuse what no registry would take
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -170,6 +174,15 @@ def detect(prefer: str = "") -> dict:
         "no container runtime on this node (install podman, docker or enroot)"
         + (f"; {'; '.join(notes)}" if notes else ""))
     return {"runtime": runtime, "runtimes": found, "cdi": cdi_gpus(), "reason": reason}
+
+
+def runtime_word(agent_info) -> str:
+    """A node's container runtime in one word for tables: what detect() found (`podman`),
+    `none` where it found none, `-` before the node's agent reported."""
+    found = (agent_info or {}).get("containers")
+    if found is None:
+        return "-"
+    return found.get("runtime") or "none"
 
 
 # ---------------------------------------------------------------- the image cache
@@ -431,7 +444,8 @@ def run_argv(runtime: str, *, image_id: str, name: str, argv: list, devices: lis
              mounts: list, workdir: str, env_file: str, uid: int, gid: int, groups: list,
              mem_mb=None, cpus=None, pids_max=None, cgroup_parent: str = "") -> list:
     """The runtime's command that runs ARGV in the image as the job's user with its devices,
-    mounts, environment and limits (podman and docker spell it alike)."""
+    mounts, environment and limits (podman and docker spell it alike). With a cgroup parent
+    the limits are the parent's (see cgroup_parent()), else the runtime sets them."""
     if runtime not in ("podman", "docker"):
         raise ContainerError(f"running a container with {runtime!r} is not supported here; "
                              "use podman or docker")
@@ -447,14 +461,15 @@ def run_argv(runtime: str, *, image_id: str, name: str, argv: list, devices: lis
         out += ["--volume", f"{m['src']}:{m['dst']}" + (":ro" if m.get("ro") else "")]
     if workdir:
         out += ["--workdir", workdir]
-    if mem_mb:
-        out += ["--memory", f"{int(mem_mb)}m", "--memory-swap", f"{int(mem_mb)}m"]
-    if cpus:
-        out += ["--cpus", str(cpus)]
-    if pids_max:
-        out += ["--pids-limit", str(int(pids_max))]
-    if cgroup_parent:
+    if cgroup_parent:  # it holds the job's limits (cgroup_parent())
         out += ["--cgroup-parent", cgroup_parent]
+    else:
+        if mem_mb:
+            out += ["--memory", f"{int(mem_mb)}m", "--memory-swap", f"{int(mem_mb)}m"]
+        if cpus:
+            out += ["--cpus", str(cpus)]
+        if pids_max:
+            out += ["--pids-limit", str(int(pids_max))]
     return out + ["--", image_id] + list(argv)
 
 
@@ -473,34 +488,140 @@ def write_env_file(path: str, env: dict) -> list:
     return skipped
 
 
-def cgroup_parent(controller: str = "devices") -> str:
-    """The parent of this process's cgroup (the node's job cgroups), for the container's own."""
+def _cgroup_mounts() -> dict:
+    """cgroup v1 controller -> its mount point, and "unified" -> the cgroup2 mount."""
+    out = {}
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, rfields = left.split(), right.split()
+        if len(fields) < 5 or len(rfields) < 3:
+            continue
+        if rfields[0] == "cgroup2":
+            out.setdefault("unified", fields[4])
+        elif rfields[0] == "cgroup":
+            for c in rfields[2].split(","):
+                out.setdefault(c, fields[4])
+    return out
+
+
+def _own_cgroups() -> dict:
+    """controller -> this process's cgroup path in that hierarchy (from /proc/self/cgroup)."""
+    out = {}
     try:
         with open("/proc/self/cgroup") as f:
             for line in f:
                 _, ctrls, path = line.rstrip("\n").split(":", 2)
-                if controller in ctrls.split(","):
-                    return os.path.dirname(path.rstrip("/")) or ""
+                for c in ctrls.split(","):
+                    if c:
+                        out[c] = path
     except (OSError, ValueError):
         pass
-    return ""
+    return out
+
+
+def cgroup_parent(controller: str = "devices") -> str:
+    """The container's parent cgroup, beside the job's own (`<job>.container`) and holding
+    the job's limits, copied from the cgroups this process (the job step's child) has
+    joined; "" where the job has no cgroups or they cannot be copied.
+
+    The container nests there, not in the job's cgroups: runc cannot nest under a cgroup
+    that denies devices, nor run without cgroups. The limits sit on the parent, not on the
+    container (run_argv then passes none), so that the parent still tells, after runc has
+    removed the container's own cgroup, whether the memory limit was reached:
+    container_state() reads it, remove_container() removes the parent."""
+    own, mounts = _own_cgroups(), _cgroup_mounts()
+    job = own.get(controller, "").rstrip("/")
+    if "/trainyard/" not in job + "/" or "memory" not in mounts or "memory" not in own:
+        return ""
+    parent = job + CONTAINER_CGROUP_SUFFIX
+    made = []
+    try:
+        for c, files in LIMIT_FILES.items():
+            if c not in mounts or c not in own:
+                continue
+            src = os.path.join(mounts[c], own[c].lstrip("/"))
+            dst = os.path.join(mounts[c], parent.lstrip("/"))
+            os.makedirs(dst, exist_ok=True)
+            made.append(dst)
+            for name in files:
+                if os.path.exists(os.path.join(src, name)):
+                    with open(os.path.join(src, name)) as f:
+                        value = f.read().strip()
+                    with open(os.path.join(dst, name), "w") as f:
+                        f.write(value)
+    except OSError:
+        for d in made:
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        return ""
+    return parent
+
+
+def _parent_of(runtime: str, name: str) -> str:
+    """The cgroup parent that cgroup_parent() made for this container, else ""."""
+    try:
+        r = _quick([runtime, "inspect", "--format", "{{.HostConfig.CgroupParent}}", name], 30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    parent = r.stdout.strip() if r.returncode == 0 else ""
+    return parent if _made_here(parent) else ""
+
+
+def _made_here(parent: str) -> bool:
+    """Whether a container's cgroup parent is one that cgroup_parent() made (and may remove)."""
+    return parent.endswith(CONTAINER_CGROUP_SUFFIX) and "/trainyard/" in parent
+
+
+def _limit_reached(parent: str) -> bool:
+    """Whether the container's memory reached the job's limit, held by its parent cgroup."""
+    d = os.path.join(_cgroup_mounts().get("memory", "/nonexistent"), parent.lstrip("/"))
+    try:
+        with open(os.path.join(d, "memory.limit_in_bytes")) as f:
+            limit = int(f.read())
+        with open(os.path.join(d, "memory.max_usage_in_bytes")) as f:
+            return int(f.read()) >= limit
+    except (OSError, ValueError):
+        return False
 
 
 def container_state(runtime: str, name: str) -> dict:
-    """{"oom": bool, "exit": int|None} of a finished container (empty when it is gone)."""
+    """{"oom": bool, "exit": int|None} of a finished container (empty when it is gone).
+
+    OOM: the runtime's word, or a container killed (SIGKILL, 137) after its memory reached
+    the limit its parent cgroup holds. conmon misses OOM kills on hybrid cgroup hierarchies,
+    and cgroup v1 counts them in the container's own cgroup, which runc has removed by now."""
     try:
         r = _quick([runtime, "inspect", "--format",
-                    "{{.State.OOMKilled}} {{.State.ExitCode}}", name], 30)
+                    "{{.State.OOMKilled}} {{.State.ExitCode}} {{.HostConfig.CgroupParent}}",
+                    name], 30)
     except (OSError, subprocess.TimeoutExpired):
         return {}
-    if r.returncode != 0 or not r.stdout.split():
+    words = r.stdout.split()
+    if r.returncode != 0 or len(words) < 2:
         return {}
-    oom, _, code = r.stdout.strip().partition(" ")
-    return {"oom": oom == "true", "exit": int(code) if code.strip().lstrip("-").isdigit() else None}
+    oom, code = words[0] == "true", words[1]
+    rc = int(code) if code.lstrip("-").isdigit() else None
+    parent = words[2] if len(words) > 2 else ""
+    if not oom and rc == 128 + signal.SIGKILL and _made_here(parent):
+        oom = _limit_reached(parent)
+    return {"oom": oom, "exit": rc}
 
 
 def remove_container(runtime: str, name: str) -> None:
-    """End and remove a job's container (after its client ended, or was killed)."""
+    """End and remove a job's container (after its client ended, or was killed), and the
+    parent cgroup that held its limits."""
+    parent = _parent_of(runtime, name)
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         _quick([runtime, "rm", "--force", "--time", "0", name] if runtime == "podman"
                else [runtime, "rm", "--force", name], 60)
+    if parent:  # with what the runtime left in it (podman's conmon cgroup)
+        for point in set(_cgroup_mounts().values()):
+            top = os.path.join(point, parent.lstrip("/"))
+            for d, _subdirs, _files in os.walk(top, topdown=False):
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)

@@ -1,15 +1,15 @@
-"""`trainyard demo`: the daemon on SQLite plus simulated SSH nodes, in one process."""
+"""`trainyard demo`: the daemon on SQLite plus simulated SSH nodes, in one process, fed a trace."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import signal
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -21,28 +21,73 @@ from .daemon import Daemon
 from .models import Node
 from .nodes import pin_host_key
 from .server import bind, run, serve
-from .simnode import SimNode, start_sim_nodes, stop_sim_nodes
+from .simnode import start_sim_nodes, stop_sim_nodes
+
+# The demo cluster's trainyard.toml: two queues (prod preempts dev) and two teams with quotas
+# that may borrow from each other; the demo writes it to its directory for a reader to see.
+DEMO_TOML = """\
+# trainyard.toml of the demo cluster (written by `trainyard demo`)
+[daemon]
+cluster_name = "demo"
+telemetry_interval_s = 1
+kill_grace_s = 5
+node_grace_s = 30
+connect_timeout_s = 5
+keepalive_interval_s = 2
+
+[scheduler]
+policy = "backfill"
+grace_period = 5             # a preempted job has 5 s to checkpoint
+
+[queues.prod]
+priority = 100
+preempts = ["dev"]           # production work may preempt development work
+
+[queues.dev]
+priority = 10
+max_time = "2:00:00"
+{teams}"""
+
+# what stops the demo (and ends every job it started): Ctrl-C, kill, a closed terminal
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+TEAM_TOML = """
+[teams.{name}]
+nominal_gpus = {nominal}
+borrowing_limit_gpus = {borrow}
+cohort = "lab"
+users = [{users}]
+"""
 
 
-@dataclass
-class DemoCluster:
-    url: str
-    token: str
-    base: Path
-    daemon: Daemon
-    sims: list[SimNode]
+def demo_toml(gpus_total: int) -> str:
+    """The demo's trainyard.toml for a cluster of `gpus_total` GPUs: each team's quota is a
+    half of it, and it may borrow a quarter more from the other team."""
+    from .demo_feed import team_members
+
+    members = team_members()
+    nominal, borrow = max(1, gpus_total // len(members)), max(1, gpus_total // 4)
+    teams = "".join(TEAM_TOML.format(name=t, nominal=nominal, borrow=borrow,
+                                     users=", ".join(f'"{u}"' for u in users))
+                    for t, users in members.items())
+    return DEMO_TOML.format(teams=teams)
 
 
-def demo_config(base: Path, listen: str) -> DaemonConfig:
-    return DaemonConfig(listen=listen, db=str(base / "home" / "trainyard.db"), cluster_name="demo",
-                        telemetry_interval_s=1.0, kill_grace_s=5.0, node_grace_s=30.0,
-                        connect_timeout_s=5.0, keepalive_interval_s=2.0)
+def demo_config(base: Path, listen: str, gpus_total: int = 32) -> DaemonConfig:
+    """The demo daemon's configuration, from the trainyard.toml it writes to `base`."""
+    base.mkdir(parents=True, exist_ok=True)
+    path = base / "trainyard.toml"
+    path.write_text(demo_toml(gpus_total))
+    config = DaemonConfig.load(path)
+    config.listen = listen
+    config.db = str(base / "home" / "trainyard.db")
+    return config
 
 
 async def start_demo(base: Path, nodes: int, gpus: int, listen: str = "127.0.0.1:0",
                      config: DaemonConfig | None = None):
     """Build the cluster; returns (daemon, socket, sims, token) ready for `serve`."""
-    config = config or demo_config(base, listen)
+    config = config or demo_config(base, listen, nodes * gpus)
     daemon = Daemon(config, base / "home")
     daemon.prepare()
     pub = (daemon.key_path.parent / "id_ed25519.pub").read_text()
@@ -71,7 +116,23 @@ async def wait_nodes_up(daemon: Daemon, count: int, timeout: float = 30.0) -> No
         await asyncio.sleep(0.05)
 
 
-def run_demo(nodes: int, gpus: int, tui: bool, listen: str, workdir: str | None) -> None:
+async def feed_demo(daemon: Daemon, gpus_total: int, stop: asyncio.Event) -> None:
+    """Replay the Philly slice on the demo cluster as its users (a token each) until `stop`."""
+    from .demo_feed import USERS, describe, feed, plan_feed
+
+    if gpus_total <= 0:
+        click.echo("the demo cluster has no GPUs: its workload is off", err=True)
+        return
+    plan = await asyncio.to_thread(plan_feed, gpus_total)
+    tokens = {u: daemon.create_token(u, "user", "demo") for u in USERS}
+    click.echo(describe(plan, gpus_total), err=True)
+    await feed(daemon.url, tokens, plan, stop, max_backlog=3 * gpus_total)
+
+
+def run_demo(nodes: int, gpus: int, tui: bool, listen: str, workdir: str | None,
+             idle: bool = False, until_ready: bool = False) -> None:
+    """Run the demo until the TUI quits, SIGINT or SIGTERM; `idle`: no workload of its own;
+    `until_ready`: stop as soon as every node is UP (what `make demo-ready` measures)."""
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="trainyard-demo-"))
     base.mkdir(parents=True, exist_ok=True)
     ready = threading.Event()
@@ -83,56 +144,50 @@ def run_demo(nodes: int, gpus: int, tui: bool, listen: str, workdir: str | None)
         def on_ready(d: Daemon) -> None:
             info.update(url=d.url, token=token, daemon=d)
 
+        feeder: asyncio.Task | None = None
         try:
             async def announce():
+                nonlocal feeder
                 while "url" not in info:
                     await asyncio.sleep(0.01)
                 await wait_nodes_up(daemon, nodes)
+                if not idle and not until_ready:
+                    feeder = asyncio.create_task(feed_demo(daemon, nodes * gpus, stop))
                 ready.set()
+                if until_ready:
+                    stop.set()
 
             announcer = asyncio.create_task(announce())
             await serve(daemon, sock, on_ready, stop)
             announcer.cancel()
         finally:
-            await stop_sim_nodes(sims)
+            if feeder is not None:
+                feeder.cancel()
+                with contextlib.suppress(BaseException):
+                    await feeder
+            await stop_sim_nodes(sims)  # and every process their jobs started
 
-    if tui:
+    if tui and not until_ready:
         try:
             from tui.app import run_tui
         except ImportError:
             run_tui = None
         if run_tui is not None:
-            loop = asyncio.new_event_loop()
-            stop_holder: dict = {}
-
-            def thread_main():
-                asyncio.set_event_loop(loop)
-                stop = asyncio.Event()
-                stop_holder["stop"] = stop
-                loop.run_until_complete(main(stop))
-
-            t = threading.Thread(target=thread_main, name="demo-daemon", daemon=True)
-            t.start()
-            if not ready.wait(30):
-                raise click.ClickException("the demo cluster did not come up within 30 s")
-            try:
-                run_tui(info["url"], info["token"])
-            finally:
-                loop.call_soon_threadsafe(stop_holder["stop"].set)
-                t.join(15)
-            click.echo(f"demo stopped; its state is kept in {base}", err=True)
+            _run_with_tui(main, ready, info, base, run_tui)
             return
 
     async def headless():
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, stop.set)
 
         async def printer():
             while not ready.is_set():
                 await asyncio.sleep(0.02)
             print_lines(info, base)
+            if until_ready:
+                return
             click.echo("demo cluster running; Ctrl-C stops it. Try, in another terminal:\n"
                        "  export TRAINYARD_URL=... TRAINYARD_TOKEN=...   (the two lines above)\n"
                        "  trainyard submit --gpus 2 -- sh -c 'echo $CUDA_VISIBLE_DEVICES; sleep 30'\n"
@@ -140,9 +195,47 @@ def run_demo(nodes: int, gpus: int, tui: bool, listen: str, workdir: str | None)
 
         p = asyncio.create_task(printer())
         await main(stop)
+        await asyncio.sleep(0)  # let the printer say what it has to
         p.cancel()
 
     run(headless())
+
+
+def _run_with_tui(main, ready: threading.Event, info: dict, base: Path, run_tui) -> None:
+    """The cluster on a thread of its own, the TUI on this one; quitting the TUI or SIGTERM
+    stops the cluster and ends its jobs before the process exits."""
+    loop = asyncio.new_event_loop()
+    stop_holder: dict = {}
+
+    def thread_main():
+        asyncio.set_event_loop(loop)
+        stop = asyncio.Event()
+        stop_holder["stop"] = stop
+        loop.run_until_complete(main(stop))
+
+    t = threading.Thread(target=thread_main, name="demo-daemon", daemon=True)
+
+    def stop_cluster() -> None:
+        if "stop" in stop_holder and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop ended meanwhile
+                loop.call_soon_threadsafe(stop_holder["stop"].set)
+        t.join(15)
+
+    def on_signal(signum, frame):  # SIGTERM, or SIGHUP: the terminal went away
+        stop_cluster()
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS if sig != signal.SIGINT}
+    t.start()
+    try:
+        if not ready.wait(30):
+            raise click.ClickException("the demo cluster did not come up within 30 s")
+        run_tui(info["url"], info["token"])
+    finally:
+        stop_cluster()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    click.echo(f"demo stopped; its state is kept in {base}", err=True)
 
 
 def print_lines(info: dict, base: Path) -> None:

@@ -151,6 +151,11 @@ class Job(SQLModel, table=True):
     recorded: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False, default=dict))
     signal_time: float | None = None  # when this attempt got its --signal before the time limit
     idle_opt_out: bool = False  # exempt from idle reclaim where the queue allows it
+    # the run time history predicted at submit (scheduler/daemon/prediction.py), the sentence
+    # that says what it was based on, and whether it is confident enough to plan with
+    predicted_runtime_s: float | None = None
+    prediction_basis: str = ""
+    prediction_confident: bool = False
 
 
 class Queue(SQLModel, table=True):

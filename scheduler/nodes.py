@@ -37,7 +37,7 @@ log = logging.getLogger("trainyard.nodes")
 HERE = Path(__file__).parent
 # The agent's bundle: what real nodes run. The demo's GPU simulator (simgpu.py) is not in it.
 BUNDLE_MODULES = ("agent", "protocol", "gpus", "nodestate", "accounts", "fencing", "jobstep",
-                  "containers", "nodefiles", "outputs",
+                  "containers", "nodefiles", "outputs", "ptys",
                   # Slurm's srun and scontrol inside jobs, and what they import
                   "slurm/hostlist", "slurm/layout", "slurm/shims/srun", "slurm/shims/scontrol")
 BUNDLE_MAIN = "import sys\n\nimport agent\n\nsys.exit(agent.main(sys.argv[1:]))\n"
@@ -111,6 +111,7 @@ class SshSettings:
     keepalive_count_max: int = 3
     reconnect_max_backoff_s: float = 10.0
     telemetry_interval_s: float = 2.0
+    connect_concurrency: int = 32  # nodes in the handshake at once (NodeLinks shares one limit)
 
 
 def host_pattern(address: str, port: int) -> str:
@@ -283,8 +284,10 @@ class NodeLink:
     """Keeps one node's SSH connection and agent channel alive; reconnects with backoff."""
 
     def __init__(self, target: SshTarget, settings: SshSettings,
-                 on_message: MessageHandler, on_link: StateHandler):
+                 on_message: MessageHandler, on_link: StateHandler,
+                 handshakes: asyncio.Semaphore | None = None):
         self.target = target
+        self.handshakes = handshakes or asyncio.Semaphore(1)  # shared by the links of one daemon
         self.settings = settings
         self.on_message = on_message
         self.on_link = on_link
@@ -366,37 +369,47 @@ class NodeLink:
             backoff = min(backoff * 2, self.settings.reconnect_max_backoff_s)
 
     async def _session(self) -> None:
-        t = self.target
-        conn = await connect(t, self.settings)
-        self._conn = conn
+        conn = None
         try:
-            if t.privilege == "sudo":
-                await self._serve(*await self._start_installed_agent(conn))
-                return
-            data, digest = agent_bundle()
-            bundle = f"agent-{digest}.pyz"
-            where = await locate(conn, t, bundle)
-            remote = f"{where['dir']}/{bundle}"
-            replace = not where.get("have_bundle")
-            for attempt in (1, 2):
-                if replace:
-                    how = await upload(conn, remote, data)
-                    log.info("node %s: agent %s uploaded over %s", self.name, digest, how)
-                proc, hello = await self._start_agent(conn, remote, where["dir"])
-                version = hello.get("protocol")
-                if version == PROTOCOL_VERSION:
-                    break
-                proc.close()
-                if attempt == 2:
-                    raise NodeError(f"the agent at {remote} speaks protocol {version!r}, the "
-                                    f"daemon {PROTOCOL_VERSION}, and replacing it did not help")
-                log.warning("node %s: agent speaks protocol %r, not %d: replacing it",
-                            self.name, version, PROTOCOL_VERSION)
-                replace = True
+            # at most `connect_concurrency` nodes in the handshake (SSH key exchange, agent upload,
+            # hello) at once: a daemon taking over a 1,000-node cluster does not open 1,000
+            # handshakes in one burst and time most of them out
+            async with self.handshakes:
+                conn = await connect(self.target, self.settings)
+                self._conn = conn
+                proc, hello = await self._open(conn)
             await self._serve(proc, hello)
         finally:
             self._conn = None
-            conn.close()
+            if conn is not None:
+                conn.close()
+
+    async def _open(self, conn: asyncssh.SSHClientConnection):
+        """Start the agent on a fresh connection; returns (process, hello)."""
+        t = self.target
+        if t.privilege == "sudo":
+            return await self._start_installed_agent(conn)
+        data, digest = agent_bundle()
+        bundle = f"agent-{digest}.pyz"
+        where = await locate(conn, t, bundle)
+        remote = f"{where['dir']}/{bundle}"
+        replace = not where.get("have_bundle")
+        for attempt in (1, 2):
+            if replace:
+                how = await upload(conn, remote, data)
+                log.info("node %s: agent %s uploaded over %s", self.name, digest, how)
+            proc, hello = await self._start_agent(conn, remote, where["dir"])
+            version = hello.get("protocol")
+            if version == PROTOCOL_VERSION:
+                break
+            proc.close()
+            if attempt == 2:
+                raise NodeError(f"the agent at {remote} speaks protocol {version!r}, the "
+                                f"daemon {PROTOCOL_VERSION}, and replacing it did not help")
+            log.warning("node %s: agent speaks protocol %r, not %d: replacing it",
+                        self.name, version, PROTOCOL_VERSION)
+            replace = True
+        return proc, hello
 
     async def _start_installed_agent(self, conn: asyncssh.SSHClientConnection):
         """The sudo mode: start the root-owned agent the trainyard_node role installed."""

@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 PROTOCOL_VERSION = 3  # 3: jobs' output streamed to the daemon (output, output_ack)
+# The pty_* messages (terminals in jobs) are additive and leave the version as it is: an agent
+# without them answers `unknown op`, and everything else it does still works.
 
 SIGNALS = ("TERM", "KILL", "INT", "USR1", "HUP")
+PTY_WINDOW = 65536  # bytes of a terminal session's output sent ahead of the daemon's pty_ack
 
 # Every key a GPU's telemetry carries, whatever the source; a field the driver (or the source)
 # cannot tell is present with the value None, never left out. Meanings: docs/gpu.md.
@@ -152,6 +155,56 @@ class Fault:
     gpu: Any = None
     kind: str = ""
     value: Any = None
+
+
+@dataclass
+class PtyOpen:
+    """Open a terminal in a running job (`srun --pty`, docs/slurm.md): `argv` (default: the
+    owner's login shell) as the job's owner, in its cgroups, with its environment and working
+    directory, on a pty of `rows` x `cols`. `pty` is the daemon's name for the session. Answered
+    by `pty_opened` or an `error`; an agent older than these messages answers `unknown op`."""
+    op: ClassVar[str] = "pty_open"
+    key: str
+    pty: str
+    id: int | None = None
+    argv: list[str] | None = None
+    rows: int = 24
+    cols: int = 80
+    term: str = ""
+    cwd: str = ""  # where to start, when the owner may enter it; else the job's directory
+
+
+@dataclass
+class PtyInput:
+    """Bytes typed into a session's terminal, base64 in `data`."""
+    op: ClassVar[str] = "pty_data"
+    pty: str
+    data: str = ""
+
+
+@dataclass
+class PtyResize:
+    """The user's terminal changed size (SIGWINCH): TIOCSWINSZ on the session's pty."""
+    op: ClassVar[str] = "pty_resize"
+    pty: str
+    rows: int = 24
+    cols: int = 80
+
+
+@dataclass
+class PtyAck:
+    """The daemon passed a session's output on up to byte `offset`: the agent sends at most
+    PTY_WINDOW bytes beyond it, so a slow terminal never stalls the link."""
+    op: ClassVar[str] = "pty_ack"
+    pty: str
+    offset: int = 0
+
+
+@dataclass
+class PtyHangup:
+    """The user went away: hang up the session's terminal (SIGHUP to its process group)."""
+    op: ClassVar[str] = "pty_close"
+    pty: str
 
 
 @dataclass
@@ -305,6 +358,34 @@ class ImageList:
 
 
 @dataclass
+class PtyOpened:
+    """Reply to `pty_open`: the session's process runs (`pid` on the node)."""
+    ev: ClassVar[str] = "pty_opened"
+    pty: str
+    id: int | None = None
+    pid: int = 0
+
+
+@dataclass
+class PtyOutput:
+    """A piece of a session's terminal output from byte `offset`, base64 in `data`."""
+    ev: ClassVar[str] = "pty_data"
+    pty: str
+    offset: int = 0
+    data: str = ""
+
+
+@dataclass
+class PtyClosed:
+    """A session ended: `rc` is its process's exit status (128+N for signal N, None when it
+    never started); `reason` says why when it was not the process's own end (the job ended)."""
+    ev: ClassVar[str] = "pty_close"
+    pty: str
+    rc: int | None = None
+    reason: str = ""
+
+
+@dataclass
 class Pong:
     ev: ClassVar[str] = "pong"
     id: int | None = None
@@ -320,9 +401,10 @@ class FaultDone:
 
 
 OPS = {c.op: c for c in (Launch, Signal, Notice, Sync, Watch, Forget, Log, OutputAck, Fault, Ping,
-                         Pull, Images)}
+                         Pull, Images, PtyOpen, PtyInput, PtyResize, PtyAck, PtyHangup)}
 EVENTS = {c.ev: c for c in (Hello, Started, Exited, LaunchFailed, Telemetry, Error, Jobs,
-                            LogChunk, Output, Pong, FaultDone, PullProgress, Pulled, ImageList)}
+                            LogChunk, Output, Pong, FaultDone, PullProgress, Pulled, ImageList,
+                            PtyOpened, PtyOutput, PtyClosed)}
 
 # annotation text -> the JSON types it accepts (annotations stay strings, never evaluated, so
 # `int | None` works on the nodes' Python 3.8)

@@ -129,6 +129,7 @@ class DaemonSettings(_Table):
     keepalive_interval_s: Seconds = 3.0  # 0: no SSH keepalives
     keepalive_count_max: int = Field(3, ge=1, le=1000)
     reconnect_max_backoff_s: PositiveSeconds = 10.0
+    connect_concurrency: int = Field(32, ge=1, le=10_000)  # nodes in the SSH handshake at once
     kill_grace_s: Seconds = 10.0  # SIGTERM -> SIGKILL for cancel, timeout and preemption
     schedule_interval_s: PositiveSeconds = 1.0
     telemetry_interval_s: PositiveSeconds = 2.0
@@ -151,6 +152,9 @@ class SchedulerSettings(_Table):
     policy: str = "backfill"
     order: str | None = None
     backfill: bool | None = None
+    # backfill and estimated starts plan with confident run-time predictions (the time limit is
+    # still enforced); qssf's preset turns it on
+    backfill_on_prediction: bool | None = None
     queueing: str | None = None
     preemption: bool | None = None
     max_preemptors_per_pass: int | None = Field(None, ge=0, le=1_000_000)
@@ -274,12 +278,59 @@ class NodesSettings(_Table):
     registry_credentials: str = ""
 
 
+BUCKET_URL = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(.*))?")
+
+
+def parse_bucket_url(url: str) -> tuple[str, str]:
+    """`s3://BUCKET/PREFIX` -> (BUCKET, PREFIX without slashes at its ends); ValueError otherwise."""
+    m = BUCKET_URL.fullmatch(url)
+    if not m:
+        raise ValueError(f"expected s3://BUCKET or s3://BUCKET/PREFIX (a bucket name of 3 to 63 lower "
+                         f"case letters, digits, '.' and '-'), got {short(url)}")
+    prefix = (m.group(2) or "").strip("/")
+    if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+        raise ValueError(f"the prefix of {short(url)} has an empty, '.' or '..' part; write it as a/b/c")
+    return m.group(1), prefix
+
+
+def _bucket_url(value: str) -> str:
+    if value:
+        parse_bucket_url(value)
+    return value
+
+
+def _endpoint_url(value: str) -> str:
+    return _http_url(value) if value else value
+
+
+def _region(value: str) -> str:
+    if not re.fullmatch(r"[a-z0-9-]{0,64}", value):
+        raise ValueError(f"expected a region name such as eu-west-1 (lower case letters, digits and -), "
+                         f"got {short(value)}")
+    return value
+
+
 class LogsSettings(_Table):
     """[logs]: where the daemon keeps jobs' output (per job attempt and rank) and for how long."""
 
-    dir: str = ""  # "": TRAINYARD_HOME/logs
+    dir: str = ""  # "": TRAINYARD_HOME/logs; with a bucket, the spool of output not shipped yet
     retention_days: float = Field(30.0, gt=0, le=36500)
     max_bytes_per_job: int = Field(1 << 30, ge=4096, le=1 << 50)  # all ranks of one attempt
+    # an S3-compatible bucket for finished output: "s3://BUCKET/PREFIX"; "": the files only
+    bucket: Annotated[str, AfterValidator(_bucket_url)] = ""
+    endpoint_url: Annotated[str, AfterValidator(_endpoint_url)] = ""  # "": AWS S3 itself
+    region: Annotated[str, AfterValidator(_region)] = ""  # "": us-east-1
+    # AWS's shared-credentials format, mode 0600; "": boto3's own chain (e.g. the instance role).
+    # Never logged, never in the API's answers or events.
+    credentials_file: str = ""
+
+    @model_validator(mode="after")
+    def _bucket_settings_need_a_bucket(self) -> LogsSettings:
+        extra = [k for k in ("endpoint_url", "region", "credentials_file") if getattr(self, k)]
+        if extra and not self.bucket:
+            raise ValueError(f"{', '.join(extra)} set without logs.bucket; add bucket = "
+                             "\"s3://BUCKET/PREFIX\" or remove them")
+        return self
 
 
 def _http_url(value: str) -> str:
@@ -484,7 +535,7 @@ class Settings(_Table):
         kw: dict[str, Any] = {k: v for k, v in (
             ("order", s.order), ("backfill", s.backfill), ("queueing", s.queueing),
             ("preemption", s.preemption), ("max_preemptors_per_pass", s.max_preemptors_per_pass),
-            ("queue_depth", s.queue_depth),
+            ("queue_depth", s.queue_depth), ("backfill_on_prediction", s.backfill_on_prediction),
             ("grace_period_s", s.grace_period), ("default_time_limit_s", s.default_time),
             ("fairshare_half_life_s", s.fairshare_half_life),
         ) if v is not None}

@@ -49,8 +49,7 @@ class SimulatedGpus:
                  xid_events=f.pop("new_xids", []))
         if g["off_bus"]:
             return g
-        util = random.randint(85, 100) if job else random.randint(0, 3)
-        used = 60000 + random.randint(0, 4000) if job else 0
+        util, used = _load(job)
         dbe = int(f.get("ecc_dbe", 0))
         g.update(
             util_gpu=util, util_mem=util // 2, mem_total_mb=81559, mem_used_mb=used,
@@ -100,6 +99,18 @@ class SimulatedGpus:
             f["off_bus"] = True
         elif kind == "remap_pending":
             f["remap_pending"] = True
+
+
+def _load(job) -> tuple[int, int]:
+    """Utilisation (%) and memory used (MiB) of a GPU running `job` (None: idle). Each job has a
+    profile of its own, steady for its life (a small model leaves the GPU half idle, a large
+    one fills its memory), with a little noise from sample to sample."""
+    if job is None:
+        return random.randint(0, 3), 0
+    profile = random.Random(str(job))
+    util = profile.randint(45, 97) + random.randint(-4, 3)
+    used = profile.randint(8, 76) * 1024 + random.randint(0, 512)
+    return max(1, min(100, util)), used
 
 
 def _int_value(value, what: str, lo: int, hi: int) -> int:

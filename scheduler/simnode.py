@@ -104,14 +104,66 @@ async def start_sim_nodes(base: Path, count: int, gpus: int, client_public_key: 
     return nodes
 
 
-async def stop_sim_nodes(nodes: list[SimNode]) -> None:
+async def stop_sim_nodes(nodes: list[SimNode], grace_s: float = 2.0) -> None:
+    """Close the nodes and end every process they started: agents, job steps, jobs and what
+    the jobs spawned (a real node keeps jobs running without its agent; a demo must not)."""
     for node in nodes:
         if node.server is not None:
             node.server.close()
             await node.server.wait_closed()
+    roots = [node.root for node in nodes if node.fleet is None]
+    if roots:
+        await asyncio.to_thread(end_processes, roots, grace_s)
+    for node in nodes:
         for proc in list(node.processes):
             if proc.returncode is None:
                 proc.kill()
+
+
+def end_processes(roots: list[Path], grace_s: float = 2.0) -> set[int]:
+    """SIGTERM every process of these nodes, SIGKILL what is left after `grace_s`; the pids."""
+    import signal
+
+    ended: set[int] = set()
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0), (signal.SIGKILL, 1.0)):
+        pids = node_processes(roots)
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        ended |= pids
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and node_processes(roots) & pids:
+            time.sleep(0.05)
+    return ended
+
+
+def node_processes(roots: list[Path]) -> set[int]:
+    """Live processes started on these nodes: those with a node's agent directory in their
+    environment (every command of a simulated node gets it, and jobs inherit it), and every
+    process in a session one of them leads (a job that scrubbed its environment)."""
+    markers = {f"TRAINYARD_AGENT_DIR={root / 'agent'}".encode() for root in roots}
+    own, sessions, marked = os.getpid(), {}, set()
+    try:
+        entries = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:  # no /proc (not Linux): the agents are still ended by their channels
+        return set()
+    for pid in entries:
+        if pid == own:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":  # a zombie has ended; its parent reaps it
+                continue
+            sessions[pid] = int(fields[3])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if markers & set(f.read().split(b"\0")):
+                    marked.add(pid)
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+    return marked | {pid for pid, sid in sessions.items() if sid in marked}
 
 
 # ------------------------------------------------------------------ a fleet of many nodes

@@ -146,7 +146,7 @@ class Simulator:
         self.estimate_factor = estimate_factor
         # the oracle knows every job's run time; srsf otherwise predicts it from history
         self.clairvoyant = policy.name == "oracle"
-        self.predictor = Predictor() if policy.order == "srsf" and not self.clairvoyant else None
+        self.predictor = Predictor() if policy.uses_predictions and not self.clairvoyant else None
         self.progress = progress
         self.ledger = UsageLedger(self.policy.fairshare_half_life_s)
         self.use_usage = self.policy.order == "multifactor" and self.policy.weights.fairshare > 0
@@ -200,7 +200,8 @@ class Simulator:
             predicted = None
         return JobView(j.t.id, j.user, j.queue, name=j.t.name, gpus=j.gpn, nodes=j.nodes,
                        submit_time=j.t.submit, time_limit_s=limit, account=j.team,
-                       attained_gpu_s=j.attained, predicted_runtime_s=predicted)
+                       attained_gpu_s=j.attained, predicted_runtime_s=predicted,
+                       preemptions=j.preemptions)
 
     def running_view(self, j: SimJob) -> JobView:
         return replace(j.view, start_time=j.start, allocation=j.allocation,

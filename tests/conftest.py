@@ -431,7 +431,7 @@ class DemoProc:
     def __init__(self, base: Path, nodes: int = 2, gpus: int = 4):
         self.env = {**os.environ, "HOME": str(base), "XDG_CONFIG_HOME": str(base / "cfg")}
         self.proc = subprocess.Popen(
-            [PY, "-m", "scheduler.cli", "demo", "--no-tui", "--nodes", str(nodes), "--gpus-per-node", str(gpus),
+            [PY, "-m", "scheduler.cli", "demo", "--no-tui", "--idle", "--nodes", str(nodes), "--gpus-per-node", str(gpus),
              "--dir", str(base / "demo")], cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True)
         self.url = self.proc.stdout.readline().strip().partition("=")[2]

@@ -8,6 +8,8 @@ from typing import Any
 
 from rich.text import Text
 
+from scheduler.containers import runtime_word
+
 # Colours by state, in the k9s spirit: green is fine, yellow needs a look, red is trouble.
 # Both trainyard's first words and Slurm's: HELD is Slurm's PENDING with reason JobHeldUser or
 # JobHeldAdmin, STARTING is CONFIGURING; a daemon of either kind is shown the same way.
@@ -195,6 +197,7 @@ def node_cells(node: dict) -> tuple:
         mem,
         Text(num(temp, "{:.0f}°C"), style=load_style(temp, 60, 83) if temp is not None else "dim"),
         num(s["power"], "{:.0f}W"),
+        runtime_word(node.get("agent")),
         Text(node.get("reason") or "", style="yellow"),
         labels_text(node.get("labels")),
     )

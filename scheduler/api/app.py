@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import WebSocketRequestValidationError
 
 from ..daemon import Daemon
 from . import errors
-from .routers import accounting, cluster, events, jobs, nodes, queues, tokens
+from .routers import accounting, cluster, events, jobs, nodes, ptys, queues, tokens
 
 VERSION = "0.2.0"
 
@@ -28,6 +29,7 @@ def create_app(daemon: Daemon) -> FastAPI:
             pass
 
     errors.install(app, on_refused)
-    for module in (jobs, nodes, queues, tokens, events, cluster, accounting):
+    app.add_exception_handler(WebSocketRequestValidationError, ptys.refuse_invalid)
+    for module in (jobs, ptys, nodes, queues, tokens, events, cluster, accounting):
         app.include_router(module.router)
     return app

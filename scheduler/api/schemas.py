@@ -279,7 +279,25 @@ class JobSubmit(Strict):
 
 
 class JobPatch(Strict):
-    priority: int = Field(ge=-10000, le=10000)
+    """What `scontrol update` changes: the priority, the time limit, or both."""
+
+    priority: int | None = Field(default=None, ge=-10000, le=10000)
+    time_limit: str | int | None = Field(default=None, description=(
+        "the new time limit: seconds, or Slurm's D-HH:MM:SS forms; UNLIMITED for none. Users may "
+        "lower their jobs' limits; raising one needs the operator role"))
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time(cls, v):
+        if isinstance(v, str) and v.strip().upper() in ("UNLIMITED", "INFINITE"):
+            return "UNLIMITED"
+        return None if v is None else parse_time_limit(v, "time_limit")
+
+    @model_validator(mode="after")
+    def _something(self):
+        if self.priority is None and self.time_limit is None:
+            raise ValueError("nothing to change: give priority, time_limit or both")
+        return self
 
 
 class NodeAdd(Strict):
@@ -392,6 +410,15 @@ class JobRead(Open):
     image: str | None = None
     image_digest: str | None = None
     container_mounts: list[str] = Field(default_factory=list)
+    predicted_runtime_s: float | None = Field(
+        None, description="the run time predicted at submit from finished jobs' history")
+    prediction_basis: str | None = Field(
+        None, description="what the prediction was based on, e.g. \"5 past runs of user alice's jobs "
+                          "named 'train'\", or the keys with too little history it fell back from")
+    prediction_confident: bool = Field(
+        False, description="planned with (backfill, estimated start, qssf), capped by the time limit")
+    estimated_start_basis: str | None = Field(
+        None, description="what estimated_start was computed from: predicted run times or time limits")
 
 
 class NodeRead(Open):
@@ -442,7 +469,7 @@ class LogChunk(Open):
     rank: int | None = None
     size: int | None = None
     complete: bool | None = None
-    source: Literal["store", "node", "none"] | None = None
+    source: Literal["store", "bucket", "node", "none"] | None = None
 
 
 class QueueRead(Open):

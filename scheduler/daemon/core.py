@@ -7,9 +7,11 @@ import contextlib
 import getpass
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import asyncssh
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from .. import models as m
@@ -32,9 +34,12 @@ from .jobs import JobService
 from .leadership import Leadership
 from .lifecycle import JobLifecycle, RankExit
 from .links import NodeLinks
+from .logbucket import LogBucket
 from .logstore import JobLogs, LogStore, log_root
 from .notifications import Notifications
 from .overview import Overview
+from .prediction import RunTimePrediction
+from .ptys import PtyRelay
 from .readmodel import MetricsReadModel
 from .reconcile import Reconciler
 from .registries import Registries, load_credentials
@@ -66,7 +71,7 @@ class Daemon:
         settings = SshSettings(
             known_hosts=str(self.known_hosts), connect_timeout_s=config.connect_timeout_s,
             keepalive_interval_s=config.keepalive_interval_s, keepalive_count_max=config.keepalive_count_max,
-            reconnect_max_backoff_s=config.reconnect_max_backoff_s,
+            reconnect_max_backoff_s=config.reconnect_max_backoff_s, connect_concurrency=config.connect_concurrency,
             telemetry_interval_s=config.telemetry_interval_s,
         )
         self.links = NodeLinks(settings, str(self.key_path), self.clock, self.on_agent_message,
@@ -76,6 +81,8 @@ class Daemon:
         self.metrics = Metrics(self.readmodel)
         # after-commit hooks: the read model first (job.allocation is still set on a requeue)
         self.store.on_job_state += [self.readmodel.on_job_state, self.metrics.on_job_state]
+        self.prediction = RunTimePrediction(self.store)  # learns run times from jobs that end
+        self.store.on_job_state.append(self.prediction.on_job_state)
         self.lifecycle = JobLifecycle(self.store, self.links, self.clock, self.policy, self.ledger,
                                       config.kill_grace_s, self.wake)
         self.dispatcher = Dispatcher(self.links, self.unix_user, config.cluster_name)
@@ -88,7 +95,8 @@ class Daemon:
         self.reconciler = Reconciler(self.store, self.links, self.lifecycle, self.dispatcher, self.clock,
                                      self.wake, self._observe_started)
         self.jobs = JobService(self.store, self.lifecycle, self.links, self.clock, self.policy, self.wake,
-                               self.metrics.job_submitted, config.queue_aliases)
+                               self.metrics.job_submitted, config.queue_aliases,
+                               predict=self.prediction.columns)
         self.gate = HealthGate(self.store, self.links, self.clock,
                                GateConfig.from_settings(config.settings.gate, config.health_rules.temp_c),
                                self.wake)
@@ -103,8 +111,9 @@ class Daemon:
         tables = config.settings
         self.logstore = LogStore(log_root(home, tables.logs.dir), self.store, self.links, self.clock,
                                  tables.logs.retention_days, tables.logs.max_bytes_per_job,
-                                 self.gate.owns)
+                                 self.gate.owns, LogBucket.from_settings(tables.logs))
         self.logs = JobLogs(self.logstore, self.store, self.links)
+        self.ptys = PtyRelay(self.store, self.links)  # terminals in jobs (srun --pty)
         self.dispatcher.on_dispatch = lambda job: self.logstore.record_ranks(
             job.id, job.attempt, [a["node"] for a in job.allocation])
         self.notifications = Notifications(tables.notify, self.store, config.cluster_name)
@@ -150,6 +159,7 @@ class Daemon:
             self._load_usage(s)
         self.store.load_index()
         self.accounting.load()
+        self.prediction.warm_up()
 
     def _load_usage(self, s: Session) -> None:
         """Rebuild the fair-share ledger from the runs of the last ten half-lives."""
@@ -200,6 +210,7 @@ class Daemon:
             for node in s.exec(select(Node)).all():
                 self.links.start(node)
         await self.notifications.start()
+        self.logstore.start()
         self._office = [
             asyncio.create_task(self.cycle.loop(lambda: self._running and self.leadership.leading),
                                 name="schedule"),
@@ -222,6 +233,7 @@ class Daemon:
                 await t
         self._office = []
         await self.autoscaler.stop()
+        await self.logstore.stop()
         await self.links.stop_all()
 
     async def stop(self) -> None:
@@ -236,6 +248,7 @@ class Daemon:
         await self.gate.stop()
         await self.links.stop_all()
         await self.notifications.stop()
+        self.accounting.idle.flush(self.clock.time())
         self.store.close_streams()
         self.engine.dispose()
 
@@ -265,9 +278,12 @@ class Daemon:
                 self.accounting.observe(name, sample)
             elif ev == "output":
                 self.logstore.on_output(name, msg)
+            elif ev in ("pty_data", "pty_close"):
+                self.ptys.on_event(name, msg)
             elif ev == "hello":
                 self.reconciler.on_hello(name, msg)
                 self.gate.on_hello(name)
+                self.ptys.node_restarted(name)
             elif self.gate.owns(msg.get("key")):  # a health check's job, not a user's
                 self.gate.on_agent_event(name, msg)
             elif ev == "started":
@@ -340,8 +356,10 @@ class Daemon:
             used = self.store.active.gpus_used() if self.leadership.leading else Overview.gpu_usage(s)
             if name is not None:
                 nodes = [Inventory.get(s, name)]
-            else:
-                nodes = s.exec(select(Node).order_by(Node.name)).all()
+            else:  # rows, not ORM objects: this answers every TUI refresh on 1,000 nodes
+                t = Node.__table__
+                nodes = [SimpleNamespace(**r._mapping)
+                         for r in s.connection().execute(sa_select(t).order_by(t.c.name))]
             return [{**node_json(n, connected=self.links.connected(n.name), problem=self.links.problem(n.name),
                                  gpus_used=used.get(n.name, 0), telemetry=self.links.telemetry.get(n.name),
                                  excluded=self.health.excluded_gpus(n.name)),

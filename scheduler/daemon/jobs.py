@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -16,9 +17,10 @@ from ..models import Job, Node, Queue
 from ..planner import PolicyConfig, depends_on, parse_array
 from .caller import Caller
 from .clock import Clock
-from .errors import Conflict, Forbidden, NotFound
-from .lifecycle import JobLifecycle
+from .errors import Conflict, DomainError, Forbidden, NotFound
+from .lifecycle import JobLifecycle, signal_spec
 from .links import NodeLinks
+from .prediction import prediction_json
 from .state import StateStore
 from .views import job_json
 
@@ -84,11 +86,17 @@ class JobFilter:
     limit: int = 5000
 
 
+def _limit_text(seconds: int | None) -> str:
+    return "UNLIMITED" if seconds is None else f"{seconds}s"
+
+
 class JobService:
     def __init__(self, store: StateStore, lifecycle: JobLifecycle, links: NodeLinks, clock: Clock,
                  policy: PolicyConfig, wake, submitted=lambda queue, n: None,
-                 aliases: dict[str, str] | None = None):
+                 aliases: dict[str, str] | None = None, predict=None):
         self.submitted = submitted
+        # submit values -> the prediction columns (RunTimePrediction.columns); None: no prediction
+        self.predict = predict
         self.aliases = dict(aliases or {})  # partition name -> queue ([queues.X] aliases)
         self.store = store
         self.lifecycle = lifecycle
@@ -96,11 +104,13 @@ class JobService:
         self.clock = clock
         self.policy = policy
         self.wake = wake
+        self._group: list[tuple[Caller, JobRequest, asyncio.Future]] = []  # submit_grouped's
 
     # ---------------------------------------------------------------- reads
     def get(self, caller: Caller, job_id: int) -> dict[str, Any]:
         with self.store.read() as s:
-            return job_json(self._job(s, job_id), caller)
+            job = self._job(s, job_id)
+            return {**job_json(job, caller), **prediction_json(job, self.policy.backfill_on_prediction)}
 
     def list(self, caller: Caller, f: JobFilter) -> list[dict[str, Any]]:
         t = Job.__table__.c
@@ -115,7 +125,9 @@ class JobService:
             q = q.where(t.queue == f.queue)
         q = q.order_by(t.id.desc() if f.all else t.id).limit(f.limit)
         with self.store.engine.connect() as conn:
-            return [job_json(SimpleNamespace(**r._mapping), caller) for r in conn.execute(q)]
+            rows = [SimpleNamespace(**r._mapping) for r in conn.execute(q)]
+        uses = self.policy.backfill_on_prediction
+        return [{**job_json(j, caller), **prediction_json(j, uses)} for j in rows]
 
     @staticmethod
     def _job(s: Session, job_id: int) -> Job:
@@ -126,64 +138,110 @@ class JobService:
 
     # ---------------------------------------------------------------- submit
     def submit(self, caller: Caller, req: JobRequest) -> dict[str, Any]:
+        """Submit one job (or one array), in a transaction of its own."""
+        with self.store.tx() as s:
+            job, tasks = self._submit_in(s, caller, req)
+        return self._submitted(caller, req, job, tasks)
+
+    async def submit_grouped(self, caller: Caller, req: JobRequest) -> dict[str, Any]:
+        """`submit`, with the submissions that arrive in the same turn of the event loop checked
+        and stored in one transaction (group commit): under many concurrent clients a commit
+        per job is what limits the rate. Each is still checked in the transaction that stores
+        it, and one refused submission does not affect the others of its group."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._group.append((caller, req, fut))
+        if len(self._group) == 1:
+            loop.call_soon(self._commit_group)
+        return await fut
+
+    def _commit_group(self) -> None:
+        group, self._group = self._group, []
+        done = []
+        try:
+            with self.store.tx() as s:
+                for caller, req, fut in group:
+                    try:  # a refusal is raised before the job wrote anything: the others go on
+                        done.append((fut, caller, req, self._submit_in(s, caller, req)))
+                    except DomainError as e:
+                        done.append((fut, caller, req, e))
+        except Exception as e:  # the commit failed: none of the group is stored
+            for _, _, fut in group:
+                if not fut.done():
+                    fut.set_exception(e)
+            return
+        for fut, caller, req, result in done:
+            if fut.done():  # its client went away
+                continue
+            if isinstance(result, Exception):
+                fut.set_exception(result)
+            else:
+                fut.set_result(self._submitted(caller, req, *result))
+
+    def _submitted(self, caller: Caller, req: JobRequest, job, tasks: int) -> dict[str, Any]:
+        self.submitted(job.queue, tasks)
+        if not req.hold:
+            self.wake()
+        return {**job_json(job, caller), **prediction_json(job, self.policy.backfill_on_prediction)}
+
+    def _submit_in(self, s: Session, caller: Caller, req: JobRequest) -> tuple[SimpleNamespace, int]:
+        """Check and store one submission in `s`; (the job as stored, its number of tasks)."""
         if req.priority > 0 and not caller.at_least("operator"):
             raise Forbidden(f"a positive --priority needs the operator role; {caller.user} is {caller.role}")
         if req.nice < 0 and not caller.at_least("operator"):
             raise Forbidden(f"a negative --nice needs the operator role; {caller.user} is {caller.role}")
         self._check_account(caller, req.account)
         now = self.clock.time()
-        with self.store.tx() as s:
-            queue = self._queue(s, req.queue)
-            self._check_fits(s, req)
-            self._check_nodes(s, req)
-            if req.time_limit_s == "UNLIMITED":  # Slurm: the partition's maximum, if it has one
-                limit = queue.max_time_limit_s
-            else:
-                limit = req.time_limit_s or queue.default_time_limit_s or self.policy.default_time_limit_s
-            limit = int(limit) if limit else None
-            if queue.max_time_limit_s and limit and limit > queue.max_time_limit_s:
-                raise Conflict(f"time_limit: {limit}s is over queue {queue.name!r}'s maximum of "
-                               f"{queue.max_time_limit_s}s", "time_limit")
-            for dep in depends_on(req.dependency or ""):
-                if s.get(Job, dep) is None:
-                    raise NotFound(f"after: job {dep} does not exist", "after")
-            name = req.name or (os.path.basename(req.command[0]) if req.command else "script")
-            tasks, limit_tasks = parse_array(req.array) if req.array else ((None,), None)
-            hold = m.HOLD_USER  # sbatch --hold is the submitter's own hold, as in Slurm
-            # Core inserts: submission is the API's hot path, and ORM objects cost more than rows
-            values = dict(
-                name=name, user=caller.user, queue=queue.name, state=m.PENDING,
-                held=hold if req.hold else "", reason=m.HOLD_REASONS[hold] if req.hold else "",
-                command=req.command, script=req.script, gpus=req.gpus, gpu_type=req.gpu_type,
-                nodes=req.nodes, cpus=req.cpus, mem_mb=req.mem_mb or 0, time_limit_s=limit,
-                priority=req.priority, retries=req.retries, attempt=0, failures=0,
-                dependency=req.dependency or "", env=req.env, workdir=req.workdir, submit_time=now,
-                eligible_time=now, constraint=req.constraint or {}, exclusive=req.exclusive,
-                nice=req.nice, account=req.account or "", allocation=[], kill_reason="",
-                attained_gpu_s=0.0, array_task_id=tasks[0], array_parent=None,
-                array_limit=limit_tasks if req.array else None, array_spec=req.array or "",
-            )
-            values.update(SLURM_DEFAULTS, image_digest="")
-            values.update({SLURM_FIELDS[k]: v for k, v in req.slurm.items() if k in SLURM_FIELDS and v is not None})
-            if req.slurm.get("begin") and req.slurm["begin"] > now:
-                values["eligible_time"] = req.slurm["begin"]
-                values["reason"] = values["reason"] or "BeginTime"
-            table = Job.__table__
-            first = s.execute(insert(table), values).inserted_primary_key[0]
-            if req.array:
-                values["array_parent"] = first
-                s.execute(update(table).where(table.c.id == first).values(array_parent=first))
-                if len(tasks) > 1:
-                    s.execute(insert(table), [{**values, "array_task_id": t} for t in tasks[1:]])
-            job = SimpleNamespace(id=first, start_time=None, end_time=None, exit_code=None,
-                                  estimated_start=None, **values)
-            self.store.record(s, caller.user, "job.submit", str(first),
-                              {"queue": job.queue, "gpus": job.gpus, "nodes": job.nodes, "state": job.state,
-                               "tasks": len(tasks) if req.array else None}, caller.address)
-        self.submitted(job.queue, len(tasks))
-        if not req.hold:
-            self.wake()
-        return job_json(job, caller)
+        queue = self._queue(s, req.queue)
+        self._check_fits(s, req)
+        self._check_nodes(s, req)
+        if req.time_limit_s == "UNLIMITED":  # Slurm: the partition's maximum, if it has one
+            limit = queue.max_time_limit_s
+        else:
+            limit = req.time_limit_s or queue.default_time_limit_s or self.policy.default_time_limit_s
+        limit = int(limit) if limit else None
+        if queue.max_time_limit_s and limit and limit > queue.max_time_limit_s:
+            raise Conflict(f"time_limit: {limit}s is over queue {queue.name!r}'s maximum of "
+                           f"{queue.max_time_limit_s}s", "time_limit")
+        for dep in depends_on(req.dependency or ""):
+            if s.get(Job, dep) is None:
+                raise NotFound(f"after: job {dep} does not exist", "after")
+        name = req.name or (os.path.basename(req.command[0]) if req.command else "script")
+        tasks, limit_tasks = parse_array(req.array) if req.array else ((None,), None)
+        hold = m.HOLD_USER  # sbatch --hold is the submitter's own hold, as in Slurm
+        # Core inserts: submission is the API's hot path, and ORM objects cost more than rows
+        values = dict(
+            name=name, user=caller.user, queue=queue.name, state=m.PENDING,
+            held=hold if req.hold else "", reason=m.HOLD_REASONS[hold] if req.hold else "",
+            command=req.command, script=req.script, gpus=req.gpus, gpu_type=req.gpu_type,
+            nodes=req.nodes, cpus=req.cpus, mem_mb=req.mem_mb or 0, time_limit_s=limit,
+            priority=req.priority, retries=req.retries, attempt=0, failures=0,
+            dependency=req.dependency or "", env=req.env, workdir=req.workdir, submit_time=now,
+            eligible_time=now, constraint=req.constraint or {}, exclusive=req.exclusive,
+            nice=req.nice, account=req.account or "", allocation=[], kill_reason="",
+            attained_gpu_s=0.0, array_task_id=tasks[0], array_parent=None,
+            array_limit=limit_tasks if req.array else None, array_spec=req.array or "",
+        )
+        values.update(SLURM_DEFAULTS, image_digest="")
+        if self.predict is not None:
+            values.update(self.predict(values))
+        values.update({SLURM_FIELDS[k]: v for k, v in req.slurm.items() if k in SLURM_FIELDS and v is not None})
+        if req.slurm.get("begin") and req.slurm["begin"] > now:
+            values["eligible_time"] = req.slurm["begin"]
+            values["reason"] = values["reason"] or "BeginTime"
+        table = Job.__table__
+        first = s.execute(insert(table), values).inserted_primary_key[0]
+        if req.array:
+            values["array_parent"] = first
+            s.execute(update(table).where(table.c.id == first).values(array_parent=first))
+            if len(tasks) > 1:
+                s.execute(insert(table), [{**values, "array_task_id": t} for t in tasks[1:]])
+        job = SimpleNamespace(id=first, start_time=None, end_time=None, exit_code=None,
+                              estimated_start=None, **values)
+        self.store.record(s, caller.user, "job.submit", str(first),
+                          {"queue": job.queue, "gpus": job.gpus, "nodes": job.nodes, "state": job.state,
+                           "tasks": len(tasks) if req.array else None}, caller.address)
+        return job, len(tasks)
 
     def _check_account(self, caller: Caller, account: str | None) -> None:
         """A user charges only a team they belong to; operators and admins may charge any."""
@@ -196,9 +254,13 @@ class JobService:
         raise Forbidden(f"account: {caller.user} is not a member of team {account!r} (their team: {own}); "
                         "only operators may charge another team", "account")
 
-    def _queue(self, s: Session, name: str) -> Queue:
-        """A queue by its name or one of its partition aliases."""
-        queue = s.get(Queue, self.aliases.get(name, name))
+    def _queue(self, s: Session, name: str):
+        """A queue (name and time limits) by its name or one of its partition aliases."""
+        # a row, not an ORM object: this runs on every submission
+        t = Queue.__table__
+        queue = s.connection().execute(
+            sa_select(t.c.name, t.c.default_time_limit_s, t.c.max_time_limit_s)
+            .where(t.c.name == self.aliases.get(name, name))).first()
         if queue is None:
             names = ", ".join(q.name for q in s.exec(select(Queue).order_by(Queue.name)).all())
             aliases = ", ".join(f"{a} (= {q})" for a, q in sorted(self.aliases.items()))
@@ -255,6 +317,35 @@ class JobService:
             s.add(job)
             self.store.record(s, caller.user, "job.priority", str(job_id), {"from": old, "to": priority},
                               caller.address)
+        self.wake()
+        return job_json(job, caller)
+
+    def set_time_limit(self, caller: Caller, job_id: int, limit: int | str) -> dict[str, Any]:
+        """Slurm's `scontrol update TimeLimit=`: the owner may lower a waiting or running job's
+        limit, only an operator may raise it (or make it UNLIMITED). A running job's deadline
+        moves at once: the lifecycle's time-limit check reads the stored limit."""
+        new = None if limit == "UNLIMITED" else int(limit)
+        with self.store.tx() as s:
+            job = self._job(s, job_id)
+            if not caller.may_act_on(job.user):
+                raise Forbidden(f"job {job_id} belongs to {job.user}; only they or an operator may change it")
+            if job.state not in m.WAITING_STATES | m.ACTIVE_STATES:
+                raise Conflict(f"job {job_id} is {job.state}; only a pending or running job's time "
+                               "limit can change", "time_limit")
+            old = job.time_limit_s
+            raising = old is not None and (new is None or new > old)
+            if raising and not caller.at_least("operator"):
+                raise Forbidden(f"time_limit: raising job {job_id}'s limit from {_limit_text(old)} to "
+                                f"{_limit_text(new)} needs the operator role ({caller.user} is "
+                                f"{caller.role}); users may only lower a limit, as in Slurm", "time_limit")
+            job.time_limit_s = new
+            if job.signal_time is not None and new is not None and job.start_time is not None:
+                spec = signal_spec(job)  # a raised limit earns the --signal warning again
+                if spec is not None and job.start_time + new - spec.seconds > self.clock.time():
+                    job.signal_time = None
+            s.add(job)
+            self.store.record(s, caller.user, "job.time_limit", str(job_id),
+                              {"from": old, "to": new, "state": job.state}, caller.address)
         self.wake()
         return job_json(job, caller)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -31,6 +32,8 @@ class NodeLinks:
         self.unreachable_since: dict[str, float] = {}
         self.telemetry: dict[str, dict] = {}  # node -> last sample {"time", "gpus", "source"}
         self.addresses: dict[str, str] = {}
+        # at most this many nodes in the SSH handshake at once (a takeover of 1,000 nodes)
+        self.handshakes = asyncio.Semaphore(settings.connect_concurrency)
 
     def target(self, node: Node) -> SshTarget:
         agent_dir = node.agent_dir if node.agent_dir not in ("", ".trainyard") else self.agent_dir
@@ -38,7 +41,7 @@ class NodeLinks:
                          agent_dir, node.gpus_total, node.gpu_model, self.min_uid, node.privilege)
 
     def start(self, node: Node) -> None:
-        link = NodeLink(self.target(node), self.settings, self._on_message, self._on_link)
+        link = NodeLink(self.target(node), self.settings, self._on_message, self._on_link, self.handshakes)
         self._links[node.name] = link
         self.addresses[node.name] = node.address
         self.unreachable_since.setdefault(node.name, self.clock.time())

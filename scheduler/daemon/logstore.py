@@ -8,11 +8,15 @@ daemon restart) is skipped by offset; output for a job the node does not run is 
 audited. A write that fails (a full disk) is not acknowledged, so the node keeps the output
 and resends it; the daemon records the problem once and the jobs run on. Files older than
 `[logs] retention_days` are removed. Readers get the stored output, or the node's copy while
-nothing is stored yet.
+nothing is stored yet. With `[logs] bucket` set these files are the spool: a rank whose stream
+ended is shipped to the bucket (logbucket.py) and read back from there once its file is gone.
+Why output cannot be stored or shipped now is `problem`, shown by `GET /v1/cluster` and recorded
+as a `logs.problem` event each time it changes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
@@ -25,17 +29,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..models import Job
+from ..models import ACTIVE_STATES, Job
 from .caller import Caller
 from .clock import Clock
 from .errors import DomainError, Forbidden, NotFound
 from .lifecycle import parse_key
 from .links import NodeLinks
+from .logbucket import BucketError, LogBucket, Shipper
 from .state import StateStore
 
 log = logging.getLogger("trainyard.logs")
 
 NODES_FILE = "nodes.json"  # rank -> node of one attempt, kept beside its output
+# with a bucket: a stream that never ended (its node left) is shipped this long after its job did
+ABANDONED_AFTER_S = 3600.0
 
 
 @dataclass
@@ -52,7 +59,7 @@ class LogStore:
 
     def __init__(self, root: Path, store: StateStore, links: NodeLinks, clock: Clock,
                  retention_days: float = 30.0, max_bytes_per_job: int = 1 << 30,
-                 internal: Callable[[str], bool] = lambda key: False):
+                 internal: Callable[[str], bool] = lambda key: False, bucket: LogBucket | None = None):
         self.root = root
         self.store = store
         self.links = links
@@ -60,11 +67,29 @@ class LogStore:
         self.retention_s = retention_days * 86400
         self.max_bytes = max_bytes_per_job
         self.internal = internal  # the daemon's own jobs (health checks): their output is not kept
-        self.problem = ""  # why output cannot be stored now ("" when it can)
+        self._disk_problem = ""  # why output cannot be written to the files now ("" when it can)
+        self._reported = ""  # the problem as last recorded in an event
+        self.bucket = bucket
+        self.shipper = Shipper(bucket, root, lambda why: self._report("")) if bucket else None
         self._owner: dict[tuple[str, str], tuple[int, int, int] | None] = {}
         self._streams: dict[tuple[int, int, int], _Stream] = {}
         self._totals: dict[tuple[int, int], int] = {}
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    @property
+    def problem(self) -> str:
+        """Why jobs' output cannot be stored or shipped now; "" when it can."""
+        bucket = self.shipper.problem if self.shipper else ""
+        return "; ".join(p for p in (self._disk_problem, bucket) if p)
+
+    def start(self) -> None:
+        """On the event loop: ship what the spool holds to the bucket, when one is set."""
+        if self.shipper:
+            self.shipper.start()
+
+    async def stop(self) -> None:
+        if self.shipper:
+            await self.shipper.stop()
 
     # ---------------------------------------------------------------- paths
     def attempt_dir(self, job_id: int, attempt: int) -> Path:
@@ -184,20 +209,28 @@ class LogStore:
                           "nodes keep it and send it again", node)
             return False
         st.size += len(data)
-        if self.problem:
-            self._problem("", node)
+        if self._disk_problem:
+            self._disk_problem = ""
+            self._report(node)
         return True
 
     def _problem(self, why: str, node: str) -> None:
-        if why == self.problem:
+        if why != self._disk_problem:
+            self._disk_problem = why
+            self._report(node)
+
+    def _report(self, node: str) -> None:
+        """One `logs.problem` event each time the problem changes ("" once it is gone)."""
+        now = self.problem
+        if now == self._reported:
             return
-        self.problem = why
-        action = "log.store_failed" if why else "log.store_recovered"
-        (log.warning if why else log.info)("%s", why or "jobs' output is stored again")
+        was, self._reported = self._reported, now
+        (log.warning if now else log.info)("%s", now or "jobs' output is stored again")
+        detail = {"problem": now, "was": was, **({"node": node} if node else {})}
         try:
-            self.store.audit("trainyard", action, "logs", {"why": why, "node": node})
+            self.store.audit("trainyard", "logs.problem", "logs", detail)
         except Exception:  # the database may sit on the same full disk
-            log.exception("cannot record %s", action)
+            log.exception("cannot record logs.problem")
 
     def _finish(self, st: _Stream, where: tuple[int, int, int], node: str, key: str, how: str) -> None:
         try:
@@ -208,6 +241,8 @@ class LogStore:
         st.complete = True
         self._streams.pop(where, None)
         self._ack(node, key, st.size, done=True)
+        if self.shipper:
+            self.shipper.ship(*where[:2])
 
     def _ack(self, node: str, key: str, offset: int, done: bool = False) -> None:
         self.links.send(node, {"op": "output_ack", "key": key, "offset": offset, "done": done})
@@ -229,10 +264,21 @@ class LogStore:
         return {"data": data.decode("utf-8", "replace"), "next": min(offset, size) + len(data),
                 "size": size, "complete": complete}
 
+    def may_be_shipped(self, job_id: int, attempt: int, rank: int) -> bool:
+        """Whether the bucket may hold a rank that the spool does not: it ended, or the spool
+        no longer knows the attempt at all (removed, or another daemon's disk)."""
+        d = self.attempt_dir(job_id, attempt)
+        return not (d / NODES_FILE).exists() or self.rank_path(job_id, attempt, rank).with_suffix(".done").exists()
+
     # ---------------------------------------------------------------- retention
     def expire(self, now: float | None = None) -> int:
-        """Remove the output of attempts untouched for the retention period; how many."""
-        cutoff = (self.clock.time() if now is None else now) - self.retention_s
+        """Remove the output of attempts untouched for the retention period (files, and objects in
+        the bucket); how many attempts' files."""
+        now = self.clock.time() if now is None else now
+        cutoff = now - self.retention_s
+        if self.shipper:
+            self.shipper.expire(cutoff)
+            self._ship_abandoned(now)
         removed = 0
         for job_dir in list(self.root.iterdir()):
             for attempt_dir in list(job_dir.iterdir()) if job_dir.is_dir() else ():
@@ -248,6 +294,26 @@ class LogStore:
             if job_dir.is_dir() and not any(job_dir.iterdir()):
                 job_dir.rmdir()
         return removed
+
+    def _ship_abandoned(self, now: float) -> None:
+        """Ranks whose stream never ended (the node left with the job) and that nothing touched for
+        a while after the attempt stopped running: finished as they are, and shipped."""
+        for out in self.root.glob("*/*/*.out"):
+            job, attempt = out.parent.parent.name, out.parent.name
+            try:
+                idle = now - out.stat().st_mtime >= ABANDONED_AFTER_S
+            except OSError:
+                continue
+            if not (idle and job.isdigit() and attempt.isdigit()) or out.with_suffix(".done").exists():
+                continue
+            with self.store.read() as s:
+                j = s.get(Job, int(job))
+                running = j is not None and j.attempt == int(attempt) and j.state in ACTIVE_STATES
+            if not running:
+                with contextlib.suppress(OSError):
+                    out.with_suffix(".done").write_text("abandoned")
+                    self._streams.pop((int(job), int(attempt), int(out.stem)), None)
+                    self.shipper.ship(int(job), int(attempt))
 
     def _forget(self, job: str, attempt: str) -> None:
         for where in [w for w in self._streams if (str(w[0]), str(w[1])) == (job, attempt)]:
@@ -289,6 +355,8 @@ class JobLogs:
                            "attempt")
         current = [a["node"] for a in job.allocation] if attempt == job.attempt else []
         nodes = self.logs.ranks(job_id, attempt) or current
+        if not nodes and (attempt < job.attempt or job.state != "PENDING"):  # it ran: maybe shipped
+            nodes = await self._shipped_ranks(job_id, attempt)
         out = {"state": job.state, "attempt": attempt, "rank": rank}
         if not nodes:
             if rank:
@@ -303,6 +371,9 @@ class JobLogs:
         stored = self.logs.read(job_id, attempt, rank, offset, limit)
         if stored is not None:
             return {**out, **stored, "node": node, "source": "store"}
+        shipped = await self._shipped(job_id, attempt, rank, offset, limit)
+        if shipped is not None:
+            return {**out, **shipped, "node": node, "source": "bucket"}
         if node in self.links.names() and self.links.connected(node):
             try:
                 reply = await self.links.request(node, {"op": "log", "key": f"{job_id}.{attempt}",
@@ -314,6 +385,37 @@ class JobLogs:
                 pass
         return {**out, "data": "", "next": offset, "node": node, "size": 0, "complete": False,
                 "source": "none"}
+
+
+    async def _shipped_ranks(self, job_id: int, attempt: int) -> list[str]:
+        bucket = self.logs.bucket
+        if bucket is None:
+            return []
+        try:
+            return await asyncio.to_thread(bucket.ranks, job_id, attempt)
+        except BucketError as e:
+            log.warning("%s", e)
+            return []
+
+    async def _shipped(self, job_id: int, attempt: int, rank: int, offset: int,
+                       limit: int) -> dict[str, Any] | None:
+        """A rank's output from the bucket (a ranged GET), None when it holds none or is down."""
+        bucket = self.logs.bucket
+        if bucket is None or not self.logs.may_be_shipped(job_id, attempt, rank):
+            return None
+        try:
+            got = await asyncio.to_thread(bucket.read, job_id, attempt, rank, offset, limit)
+        except BucketError as e:
+            log.warning("%s", e)
+            return None
+        if got is None:
+            return None
+        data, size = got
+        start = min(offset, size)
+        if start + len(data) < size:  # a character cut by the range comes whole next time
+            data = data[:whole_utf8(data)]
+        return {"data": data.decode("utf-8", "replace"), "next": start + len(data), "size": size,
+                "complete": True}
 
 
 def log_root(home: Path, configured: str) -> Path:

@@ -10,17 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from types import SimpleNamespace
 
 from .. import models as m
-from ..models import Job
 from ..notify import Notifier, NotifyConfig, job_event_types
 from ..settings import NotifySettings
 from .state import StateStore
 
 log = logging.getLogger("trainyard.notify")
-
-JOB_FIELDS = ("name", "mail_type", "mail_user", "notify_url")  # read from the job's row
 
 
 class Notifications:
@@ -53,15 +49,8 @@ class Notifications:
         """After a job-state commit: queue what its owner and the cluster asked to be told."""
         if not job_event_types(seen.state, old):
             return
-        extra = dict.fromkeys(JOB_FIELDS, "")
-        try:
-            with self.store.read() as s:
-                job = s.get(Job, seen.id)
-                if job is not None:
-                    extra = {f: getattr(job, f, "") or "" for f in JOB_FIELDS}
-        except Exception:  # telling people never breaks the change it tells about
-            log.exception("job %s: cannot read its notification settings", seen.id)
-        self.notifier.on_job_state(SimpleNamespace(**vars(seen), **extra), old)
+        # the snapshot carries the job's name and notification settings: no read per job end
+        self.notifier.on_job_state(seen, old)
 
     # ---------------------------------------------------------------- nodes
     async def _node_events(self) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import stat
 import tomllib
-from pathlib import Path
 
+from ..config import read_private
 from ..containers import ContainerError, parse_image
 
 
@@ -14,17 +13,11 @@ def load_credentials(path: str) -> dict[str, dict[str, str]]:
     file is missing, readable by others, or malformed. The values are never logged."""
     if not path:
         return {}
-    p = Path(path).expanduser()
+    text = read_private(path, "nodes.registry_credentials")
     try:
-        mode = p.stat().st_mode
-        data = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"nodes.registry_credentials: {str(p)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ValueError(f"nodes.registry_credentials: cannot read {str(p)!r}: {type(e).__name__}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ValueError(f"nodes.registry_credentials: {str(p)!r} is readable by others "
-                         f"(mode {stat.S_IMODE(mode):o}); chmod 600 it")
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"nodes.registry_credentials: cannot read {path!r}: {type(e).__name__}") from None
     out: dict[str, dict[str, str]] = {}
     for registry, entry in data.items():
         if not isinstance(entry, dict) or set(entry) != {"username", "password"} or \

@@ -31,6 +31,7 @@ from .dispatch import Dispatcher
 from .gpuhealth import HealthMonitor
 from .lifecycle import JobLifecycle
 from .links import NodeLinks
+from .prediction import planning_runtime
 from .state import StateStore
 
 log = logging.getLogger("trainyard.daemon")
@@ -43,7 +44,8 @@ VIEW_COLUMNS = (_T.id, _T.user, _T.queue, _T.name, _T.gpus, _T.nodes, _T.cpus, _
                 _T.gpu_type, _T.priority, _T.submit_time, _T.state, _T.held, _T.time_limit_s,
                 _T.start_time, _T.allocation, _T.dependency, _T.constraint, _T.exclusive,
                 _T.nice, _T.account, _T.array_parent, _T.array_limit, _T.attained_gpu_s,
-                _T.kill_reason, _T.kill_time, _T.attempt, _T.features, _T.nodelist, _T.exclude, _T.image)
+                _T.kill_reason, _T.kill_time, _T.attempt, _T.features, _T.nodelist, _T.exclude, _T.image,
+                _T.predicted_runtime_s, _T.prediction_confident)
 _N = Node.__table__.c
 NODE_COLUMNS = (_N.name, _N.gpus_total, _N.gpu_indices, _N.cpus, _N.mem_mb, _N.gpu_model, _N.labels,
                 _N.agent_info, _N.state)
@@ -71,6 +73,8 @@ def job_view(r) -> JobView:
         preempted_at=x["kill_time"] if x["kill_reason"] == "preempt" else None,
         features=with_runtime(x["features"] or "", bool(x["image"])), nodelist=tuple(x["nodelist"] or ()),
         exclude=tuple(x["exclude"] or ()),
+        predicted_runtime_s=planning_runtime(x["predicted_runtime_s"], x["prediction_confident"],
+                                             x["time_limit_s"]),
     )
 
 
@@ -126,12 +130,14 @@ class SchedulingCycle:
     def pending_views(self, s: Session, now: float | None = None) -> tuple[list[JobView], dict[int, tuple]]:
         """The pending jobs as JobViews, decoded only when new or changed since the last cycle.
 
-        While a job stays PENDING only its priority and hold can change; a requeue bumps its
-        attempt. So (attempt, priority, held) is the cache key; everything else is fetched once.
+        While a job stays PENDING only its priority, nice, hold and time limit (`scontrol update`)
+        can change; a requeue bumps its attempt. Those are the cache key; everything else is
+        fetched once.
         """
         t = _T
         light = s.connection().execute(sa_select(t.id, t.attempt, t.priority, t.held, t.reason,
-                                                 t.estimated_start).where(t.state == m.PENDING)).all()
+                                                 t.estimated_start, t.nice, t.time_limit_s)
+                                       .where(t.state == m.PENDING)).all()
         if now is not None:  # --begin: not a candidate before its time (Slurm's BeginTime)
             later = s.connection().execute(sa_select(t.id, t.reason).where(
                 t.state == m.PENDING, t.eligible_time > now, t.held == "")).all()
@@ -144,19 +150,20 @@ class SchedulingCycle:
                               .values(reason=BEGIN_TIME))
         cache, fresh = self._pending_cache, {}
         missing = []
-        for jid, attempt, prio, held, _reason, _est in light:
+        for jid, attempt, prio, held, _reason, _est, nice, limit in light:
             hit = cache.get(jid)
-            if hit is not None and hit[0] == (attempt, prio, held):
+            if hit is not None and hit[0] == (attempt, prio, held, nice, limit):
                 fresh[jid] = hit
             else:
                 missing.append(jid)
         for i in range(0, len(missing), 500):
             for r in view_rows(s, PENDING_COLUMNS, t.id.in_(missing[i:i + 500])):
                 x = r._mapping
-                fresh[x["id"]] = ((x["attempt"], x["priority"], x["held"]), job_view(r))
+                fresh[x["id"]] = ((x["attempt"], x["priority"], x["held"], x["nice"], x["time_limit_s"]),
+                                  job_view(r))
         self._pending_cache = fresh
         views = [fresh[jid][1] for jid, *_ in light if jid in fresh]
-        return views, {jid: (reason, est, held) for jid, _a, _p, held, reason, est in light}
+        return views, {jid: (reason, est, held) for jid, _a, _p, held, reason, est, *_ in light}
 
     def active_views(self, s: Session) -> list[JobView]:
         """The active jobs as JobViews, decoded only when new or changed since the last cycle.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
@@ -15,6 +16,8 @@ from sqlmodel import Session
 from .. import models as m
 from ..models import Event, Job
 from .clock import Clock
+
+log = logging.getLogger("trainyard.daemon")
 
 STREAM_BACKLOG_MAX = 10000  # a reader this far behind is dropped rather than grow without bound
 
@@ -106,7 +109,10 @@ class StateStore:
         finally:
             s.close()
         for fn in after:
-            fn()
+            try:
+                fn()
+            except Exception:  # a hook (metrics, notifications) never undoes or stops the others
+                log.exception("after-commit hook failed")
         for ev in events:
             self.publish(ev)
 
@@ -148,7 +154,10 @@ class StateStore:
             self.after_commit(s, lambda: self.active.discard(jid))
         if self.on_job_state:
             seen = SimpleNamespace(id=jid, user=job.user, account=job.account, queue=job.queue, state=state,
-                                   gpus=job.gpus, allocation=list(job.allocation or ()),
+                                   name=job.name, gpus=job.gpus, nodes=job.nodes,
+                                   attained_gpu_s=job.attained_gpu_s, allocation=list(job.allocation or ()),
+                                   mail_type=job.mail_type or "", mail_user=job.mail_user or "",
+                                   notify_url=job.notify_url or "",
                                    start_time=job.start_time, end_time=job.end_time, reason=reason)
             for hook in self.on_job_state:
                 self.after_commit(s, lambda hook=hook, seen=seen, old=old: hook(seen, old))

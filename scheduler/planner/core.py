@@ -106,16 +106,41 @@ class _Pass:
         self.levels: dict[int, int] = {}
         self.verdicts: dict[tuple, dict[int, bool]] = {}
         self.out = self.d._waits  # where wait() writes: the eager list, or a deferred batch
-        self.running_ids = {j.id for j in snapshot.running}
-        self.singletons = {(j.user, j.name) for j in snapshot.running}
-        self.array_running = Counter(j.array_parent for j in snapshot.running
-                                     if j.array_parent is not None)
+        # built on first use (most passes gate no dependency, singleton or array limit)
+        self._running_ids: set[int] | None = None
+        self._singletons: set[tuple[str, str]] | None = None
+        self._array_running: Counter | None = None
+        self.started_jobs: list[JobView] = []
         self.never: dict[tuple, bool] = {}
         self.plain_keys: dict[str, tuple] = {}  # queue -> eligibility of unconstrained jobs
         self.remaining: dict[int, float] = {}  # running job -> service left (SRSF)
         self.leaving_eta: float | None = None  # when GPUs of jobs being preempted are back
         self.net: dict[int, float] = {}  # running job -> service left net of its grace period
         self.srsf_failed: dict[tuple, float] = {}  # gang shape -> least need that found no victims
+        self.las_failed: dict[tuple, int] = {}  # gang shape -> lowest LAS level that found none
+        self.order_victims: VictimIndex | None = None  # only jobs the order alone may evict
+
+    @property
+    def running_ids(self) -> set[int]:
+        if self._running_ids is None:
+            self._running_ids = {j.id for j in self.s.running}
+        return self._running_ids
+
+    @property
+    def singletons(self) -> set[tuple[str, str]]:
+        """(user, name) of every running job, and of those started in this pass."""
+        if self._singletons is None:
+            self._singletons = {(j.user, j.name) for j in (*self.s.running, *self.started_jobs)}
+        return self._singletons
+
+    @property
+    def array_running(self) -> Counter:
+        """Array parent -> its running tasks, counting those started in this pass."""
+        if self._array_running is None:
+            self._array_running = Counter(j.array_parent for j in (*self.s.running,
+                                                                   *self.started_jobs)
+                                          if j.array_parent is not None)
+        return self._array_running
 
     def queue_rules(self, name: str) -> QueueRules:
         r = self.rules.get(name)
@@ -250,7 +275,6 @@ class _Pass:
                         self.team_of) if full_key else None
         order = memo.ordered(key)
 
-        singletons, array_running = self.singletons, self.array_running
         strict = not policy.backfill and policy.queueing == "strict"
         held_up: dict[str, int] = {}  # queue -> its top blocked job (that got no remedy)
         unpromised: set[str] = set()  # queues whose top job got no reservation: hold them
@@ -317,9 +341,11 @@ class _Pass:
                         self.releases.add(end, ((name, g),), False, state)
                 if self.quota is not None:
                     self.quota.add(team, gpus)
-                singletons.add((job.user, job.name))
-                if job.array_parent is not None:
-                    array_running[job.array_parent] += 1
+                self.started_jobs.append(job)
+                if self._singletons is not None:
+                    self._singletons.add((job.user, job.name))
+                if job.array_parent is not None and self._array_running is not None:
+                    self._array_running[job.array_parent] += 1
                 if backfilled:
                     self.d.starts.append(Start(job.id, allocation, "backfill",
                                                "starts without delaying any reserved job"))
@@ -389,6 +415,42 @@ class _Pass:
             left = remaining[v.id] = remaining_service(v, now, policy, False)
             net[v.id] = left - g * v.gpus * v.nodes
 
+    def victim_index(self, by_order: bool, level_of) -> VictimIndex:
+        """Running jobs in eviction order, built once per pass: under LAS the most-served first,
+        under SRSF those with most service left (net of the grace period's cost) first. With
+        `by_order`, only the jobs the order could ever evict (under the per-job preemption cap;
+        under LAS, past the first service threshold), which is most of the saving under load."""
+        index = self.order_victims if by_order else self.victims
+        if index is not None:
+            return index
+        policy = self.policy
+        las, srsf = policy.order == "las", policy.order == "srsf"
+        rank = None
+        if las:
+            rank = lambda v: -level_of(v)  # noqa: E731
+        elif srsf:
+            self.all_net_left()
+            net = self.net
+            rank = lambda v: -net[v.id]  # noqa: E731
+        jobs = [v for v in self.s.running if v.preemptible and v.preempted_at is None]
+        if by_order:
+            cap = policy.max_preemptions_per_job
+            if cap is not None:
+                jobs = [v for v in jobs if v.preemptions < cap]
+            if las:
+                # evictable by some job only past the first threshold (or, once per level,
+                # past the threshold after its last preemption): a comparison, not a level
+                th = policy.las_thresholds_gpu_s
+                per_level = policy.las_preempt_once_per_level
+                now, top = self.now, len(th)
+                jobs = [v for v in jobs if (k := v.preemptions if per_level else 0) < top
+                        and v.attained_gpu_s + (now - v.start_time if v.start_time is not None
+                                                else 0.0) * v.gpus * v.nodes >= th[k]]
+            index = self.order_victims = VictimIndex(jobs, self.now, rank)
+        else:
+            index = self.victims = VictimIndex(jobs, self.now, rank)
+        return index
+
     def decided(self) -> set[int]:
         d = self.d
         return {x.job_id for x in d._waits} | {x.job_id for x in d.cancels} | \
@@ -416,15 +478,19 @@ class _Pass:
         need = remaining_service(job, now, policy) if srsf else 0.0
         ratio = policy.srsf_preempt_ratio
         shape = (id(pool), job.gpus, job.nodes, job.exclusive)
-        # SRSF alone: a job of this shape that needed less already found no victims (victims
-        # only get fewer within a pass)
-        if srsf and not (tiers or reclaiming) and need >= self.srsf_failed.get(shape, INF):
-            return False
-        self.preemptors += 1
         thresholds = policy.las_thresholds_gpu_s
         level = las_level(job.attained_gpu_s, thresholds) if las else 0
+        # the order alone (no queue tiers, no quota reclaim) decides who may be evicted
+        by_order = not (tiers or reclaiming)
+        # a job of this shape that needed less (SRSF) or had a lower level (LAS) already found
+        # no victims: neither will this one (victims only get fewer within a pass)
+        if by_order and ((srsf and need >= self.srsf_failed.get(shape, INF))
+                         or (las and level >= self.las_failed.get(shape, INF))):
+            return False
+        self.preemptors += 1
         levels = self.levels
-
+        cap = policy.max_preemptions_per_job
+        per_level = las and policy.las_preempt_once_per_level
         net_left = self.net_left
 
         def pays(v: JobView) -> bool:
@@ -452,21 +518,14 @@ class _Pass:
                 return False
             ok = verdicts.get(v.id)
             if ok is None:
-                ok = verdicts[v.id] = (v.queue in tiers or (las and level_of(v) > level)
-                                       or (srsf and pays(v)))
+                ok = verdicts[v.id] = (v.queue in tiers or (
+                    (cap is None or v.preemptions < cap)
+                    and ((las and level_of(v) > level and (not per_level
+                                                           or v.preemptions < level_of(v)))
+                         or (srsf and pays(v)))))
             return ok or (reclaiming and borrower(v))
 
-        if self.victims is None:
-            # under LAS, evict the most-served jobs first; under SRSF, those with most left
-            rank = None
-            if las:
-                rank = lambda v: -level_of(v)  # noqa: E731
-            elif srsf:  # most service left, net of the grace period's cost, first
-                self.all_net_left()
-                net = self.net
-                rank = lambda v: -net[v.id]  # noqa: E731
-            self.victims = VictimIndex(
-                [v for v in self.s.running if v.preemptible and v.preempted_at is None], now, rank)
+        index = self.victim_index(by_order, level_of)
         if self.soon is None:
             self.soon = {}
             for v in self.s.running:
@@ -475,16 +534,24 @@ class _Pass:
                         self.soon[name] = self.soon.get(name, 0) + len(g)
         soon = self.soon
         reclaim_pool = [v for v in self.s.running if reclaiming and may_preempt(v) and borrower(v)]
+        stop = None
+        if by_order:
+            # victims are in eviction order (most service left, or highest LAS level, first):
+            # past the first that the order does not allow, none is allowed
+            if srsf:
+                stop = lambda v: not pays(v)  # noqa: E731
+            elif las:
+                stop = lambda v: level_of(v) <= level  # noqa: E731
         victims = choose_victims(
-            job, pool, self.state, self.victims, soon, may_preempt,
+            job, pool, self.state, index, soon, may_preempt,
             reclaim=reclaim, reclaim_value=lambda v: job_gpus(v) if borrower(v) else 0,
-            reclaim_pool=reclaim_pool,
-            # victims are in order of service left: past the first that does not pay, none does
-            stop=(lambda v: not pays(v)) if srsf and not (tiers or reclaiming) else None,
+            reclaim_pool=reclaim_pool, stop=stop,
         )
         if victims is None:
-            if srsf:
+            if by_order and srsf:
                 self.srsf_failed[shape] = min(need, self.srsf_failed.get(shape, INF))
+            elif by_order and las:
+                self.las_failed[shape] = min(level, self.las_failed.get(shape, INF))
             return False
         deadline = now
         for v in victims:

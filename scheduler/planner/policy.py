@@ -10,12 +10,15 @@ from .types import JobView, QueueView
 
 ORDERS = ("fifo", "multifactor", "las", "srsf")
 QUEUEINGS = ("strict", "best_effort")
-PRESETS = ("fifo", "backfill", "fairshare", "las", "qssf")
+LAS_WITHIN = ("fifo", "service")  # how jobs of one LAS level are ordered
+PRESETS = ("fifo", "backfill", "fairshare", "las", "las-budget", "qssf")
 # needs every job's true run time: only a replay of a trace has it
 SIMULATION_PRESETS = (*PRESETS, "oracle")
 DEFAULT_TEAM = "default"
 QSSF_AGING = 8.0  # GPU-seconds of remaining service forgiven per second waited
 QSSF_PREEMPT_RATIO = 16.0
+# las-budget's levels: 4, 8, 16, ... 8,192 GPU-hours of service
+LAS_DOUBLING_GPU_S = tuple(4 * 3600.0 * 2**k for k in range(12))
 
 @dataclass(frozen=True, slots=True)
 class PriorityWeights:
@@ -80,6 +83,9 @@ class PolicyConfig:
     fairshare_half_life_s: float = 7 * 86400.0
     weights: PriorityWeights = field(default_factory=PriorityWeights)
     las_thresholds_gpu_s: tuple[float, ...] = (3600.0, 36000.0)
+    # las: inside one level, "fifo" (Tiresias) or "service": shortest predicted remaining
+    # GPU-service first, with srsf_aging (Helios' QSSF inside each level)
+    las_within_level: str = "fifo"
     topology_keys: tuple[str, ...] = ("switch", "rack")
     queues: Mapping[str, QueuePolicy] = field(default_factory=dict)
     teams: Mapping[str, TeamQuota] = field(default_factory=dict)
@@ -95,14 +101,28 @@ class PolicyConfig:
     # backfill: a job's predicted run time, where given and below its time limit, is its
     # expected end (the limit is still enforced)
     backfill_on_prediction: bool = False
+    # las/srsf: a running job that the order has already preempted this many times is not
+    # preempted by it again (it runs to its end); None: no cap. Queue tiers (`preempts`) and
+    # quota reclaim are not capped
+    max_preemptions_per_job: int | None = None
+    # las: a running job may be preempted by the order once per level it has reached (once
+    # past the first threshold, again past the second, ...): a preemption budget that grows
+    # with the service a job has had, so short jobs are never preempted and long ones rarely
+    las_preempt_once_per_level: bool = False
 
     def __post_init__(self):
         if self.order not in ORDERS:
             raise ValueError(f"order: unknown order {self.order!r}; choose one of {', '.join(ORDERS)}")
         if self.queue_depth < 1:
             raise ValueError(f"queue_depth: must be >= 1, got {self.queue_depth!r}")
+        if self.max_preemptions_per_job is not None and self.max_preemptions_per_job < 0:
+            raise ValueError("max_preemptions_per_job: must be >= 0 (or unset for no cap), got "
+                             f"{self.max_preemptions_per_job!r}")
         if self.srsf_preempt_ratio < 1.0:
             raise ValueError(f"srsf_preempt_ratio: must be >= 1.0, got {self.srsf_preempt_ratio!r}")
+        if self.las_within_level not in LAS_WITHIN:
+            raise ValueError(f"las_within_level: unknown order {self.las_within_level!r}; choose "
+                             f"one of {', '.join(LAS_WITHIN)}")
         if self.queueing not in QUEUEINGS:
             raise ValueError(
                 f"queueing: unknown strategy {self.queueing!r}; choose one of {', '.join(QUEUEINGS)}"
@@ -110,6 +130,11 @@ class PolicyConfig:
         # user -> team, for jobs submitted without an account
         members = {u: t.name for t in self.teams.values() for u in t.users}
         object.__setattr__(self, "user_team", MappingProxyType(members))
+
+    @property
+    def uses_predictions(self) -> bool:
+        """Whether the order reads predicted run times (SRSF, or service order inside LAS)."""
+        return self.order == "srsf" or (self.order == "las" and self.las_within_level == "service")
 
     def team_of(self, job: JobView) -> str:
         return job.account or self.user_team.get(job.user, DEFAULT_TEAM)
@@ -127,8 +152,8 @@ class PolicyConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> PolicyConfig:
-        """One of the named policies: fifo, backfill, fairshare, las, qssf (and oracle, which
-        needs true run times as predictions: simulation only)."""
+        """One of the named policies: fifo, backfill, fairshare, las, las-budget, qssf (and
+        oracle, which needs true run times as predictions: simulation only)."""
         if name == "fifo":
             base = cls(name="fifo", order="fifo", backfill=False)
         elif name == "backfill":
@@ -140,6 +165,12 @@ class PolicyConfig:
             )
         elif name == "las":
             base = cls(name="las", order="las", backfill=False, queueing="best_effort")
+        elif name == "las-budget":
+            # LAS with a preemption budget: levels that double from 4 GPU-hours, and a job is
+            # preempted at most once per level it reaches, so jobs under 4 GPU-hours are never
+            # preempted and a job's preemptions grow with the log of its service
+            base = cls(name="las-budget", order="las", backfill=False, queueing="best_effort",
+                       las_thresholds_gpu_s=LAS_DOUBLING_GPU_S, las_preempt_once_per_level=True)
         elif name == "qssf":
             # Helios' quasi-shortest-service-first on predicted run times, with aging and EASY
             # backfill on predictions. No preemption by default: on Philly it preempted more

@@ -82,6 +82,9 @@ class JobView:
     # the run time the cluster expects from history (scheduler/predict.py), when it is
     # confident; None: unknown. SRSF orders by it; backfill uses it where it is below the limit
     predicted_runtime_s: float | None = None
+    # how many times the scheduling order (LAS, SRSF) has preempted the job so far; a policy's
+    # max_preemptions_per_job stops there
+    preemptions: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from .api import (
     when,
 )
 from .hostlist import expand
+from .interactive import salloc, srun
 from .scontrol import scontrol
 from .sinfo import sinfo
 
@@ -322,10 +323,11 @@ def sacct(fields, job_ids, starttime, endtime, states, parsable, parsable2, nohe
 
 @click.group("slurm")
 def slurm():
-    """Slurm's commands, speaking to trainyard: sbatch, squeue, scancel, sacct, sinfo, scontrol."""
+    """Slurm's commands, speaking to trainyard: sbatch, squeue, scancel, sacct, sinfo, scontrol,
+    salloc and srun --pty."""
 
 
-for _cmd in (sbatch, squeue, scancel, sacct, sinfo, scontrol):
+for _cmd in (sbatch, squeue, scancel, sacct, sinfo, scontrol, salloc, srun):
     slurm.add_command(_cmd)
 
 

@@ -8,7 +8,6 @@ import os
 import click
 
 from .api import (
-    EXIT_REFUSED,
     EXIT_USAGE,
     call,
     client,
@@ -101,18 +100,47 @@ def _update(c, pairs: tuple[str, ...]) -> None:
             for job_id in ids:
                 call(c.set_priority, job_id, int(value), prog="scontrol")
         elif key == "timelimit":
-            fail(f"update: TimeLimit cannot change on trainyard yet (job {ids[0]}); cancel and "
-                 "resubmit with the new --time", EXIT_REFUSED, "scontrol")
+            for job_id in ids:
+                limit = new_time_limit(value, lambda job_id=job_id: call(c.job, job_id, prog="scontrol"))
+                call(c._call, "PATCH", f"/v1/jobs/{job_id}", json={"time_limit": limit}, prog="scontrol")
         else:
-            fail(f"update: {key!r} cannot change here; Priority is the field trainyard updates",
+            fail(f"update: {key!r} cannot change here; trainyard updates Priority and TimeLimit",
                  EXIT_USAGE, "scontrol")
+
+
+def new_time_limit(value: str, job) -> int | str:
+    """The limit `TimeLimit=VALUE` asks for, in seconds or UNLIMITED: Slurm's time formats
+    (rounded up to the minute), and `+TIME`/`-TIME` relative to the job's current limit."""
+    from .sbatch import parse_time_limit
+
+    text = value.strip()
+    sign = text[:1] if text[:1] in "+-" and text != "-1" else ""
+    try:
+        seconds = parse_time_limit(text[1:] if sign else text)
+    except ValueError:
+        fail(f"update: Invalid time limit specified TimeLimit={value!r}; use MM, MM:SS, HH:MM:SS, "
+             "D-HH[:MM[:SS]], UNLIMITED, or +/- one of them", EXIT_USAGE, "scontrol")
+    if not sign:
+        return "UNLIMITED" if seconds is None else seconds
+    if seconds is None:
+        fail(f"update: TimeLimit={value!r}: UNLIMITED cannot be added or taken away", EXIT_USAGE,
+             "scontrol")
+    current = job().get("time_limit")
+    if current is None:
+        fail(f"update: TimeLimit={value!r}: the job's limit is UNLIMITED; give an absolute limit",
+             EXIT_USAGE, "scontrol")
+    limit = current + seconds if sign == "+" else current - seconds
+    if limit < 60:
+        fail(f"update: TimeLimit={value!r} would leave {time_limit(current)} at {limit}s; a limit "
+             "must stay at least one minute", EXIT_USAGE, "scontrol")
+    return limit
 
 
 @click.command("scontrol", context_settings={"help_option_names": ["--help"]})
 @click.argument("words", nargs=-1, required=True)
 def scontrol(words):
     """show job [ID]|node [NAME]|partition [NAME]|hostnames LIST|hostlist LIST; hold, release,
-    requeue JOBID[,...]; update JobId=ID Priority=N."""
+    requeue JOBID[,...]; update JobId=ID Priority=N TimeLimit=[+|-]TIME."""
     verb, rest = words[0].lower(), words[1:]
     if verb == "show" and rest and rest[0].lower() in ("hostnames", "hostname", "hostlist"):
         text = rest[1] if len(rest) > 1 else os.environ.get("SLURM_JOB_NODELIST", "")

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 def demo(nodes: int = 4, gpus: int = 8):
     base = Path(tempfile.mkdtemp(prefix="trainyard-bench-"))
     env = {**os.environ, "HOME": str(base), "XDG_CONFIG_HOME": str(base / "cfg")}
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "demo", "--no-tui", "--nodes", str(nodes),
+    proc = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "demo", "--no-tui", "--idle", "--nodes", str(nodes),
                              "--gpus-per-node", str(gpus), "--dir", str(base / "demo")], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

@@ -26,8 +26,8 @@ from _http import Connection
 GPUS = 8
 STEADY_S = 30  # seconds of steady state measured
 PAGE = 100  # jobs in one page of GET /v1/jobs
-# --health-history N: [health] history_samples (default 300). The GPU health rules re-read a
-# node's whole history on each telemetry sample, so at 1,000 nodes the default dominates
+# --health-history N: [health] history_samples (default 300): the window the GPU health rules
+# look back over (kept up to date per sample, so its length costs memory, not CPU per sample)
 HEALTH_HISTORY = 0
 
 

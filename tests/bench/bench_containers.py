@@ -1,6 +1,7 @@
 """Container start time on a real node (root sshd in a mount namespace, podman with runc): the
 time from launch to exit of `true` bare and in a cached image, and of the first (pulling) job.
-Prints its figures. Needs root, sshd, podman, runc, docker-registry and busybox-static."""
+Bare and cached runs alternate, so both see the same load. Prints its figures. Needs root,
+sshd, podman, runc, docker-registry and busybox-static."""
 
 from __future__ import annotations
 
@@ -34,6 +35,13 @@ def timed_job(link: Link, key: str, **launch) -> float:
     return elapsed
 
 
+def spread(samples: list[float]) -> str:
+    """median, quartiles and range of seconds, in milliseconds."""
+    q1, median, q3 = (x * 1000 for x in statistics.quantiles(samples, n=4))
+    return (f"median {statistics.median(samples) * 1000:.0f} ms (quartiles {q1:.0f}-{q3:.0f}, "
+            f"range {min(samples) * 1000:.0f}-{max(samples) * 1000:.0f}; n={len(samples)})")
+
+
 def main() -> int:
     lacking = missing()
     if os.geteuid() != 0 or lacking:
@@ -58,26 +66,29 @@ def main() -> int:
         home.mkdir(mode=0o700)
         registry = Registry(base, "registry", base / "registry-data")
         image = f"{registry.address}/tiny:1"
-        build_image(base / "builder", podman_config(base / "builder", [registry.address]), image)
+        build_image(base / "builder", podman_config(base / "builder", [registry.address], base / "builder" / "run"), image)
         node = Node(base, "n1", (base / "id_ed25519.pub").read_text(), home).start()
         use_podman_config(node, podman_config(node.dir / "podman", [registry.address]))
         link = Link(node, key, base)
         link.wait_up(60)
         timed_job(link, "1.0")  # warm the node's Python and page cache
-        bare = [timed_job(link, f"{100 + i}.0") for i in range(RUNS)]
+        load_before = os.getloadavg()
         cold = timed_job(link, "2.0", image=image)
         pulled = registry.requests("tiny")
-        cached = [timed_job(link, f"{200 + i}.0", image=image) for i in range(RUNS)]
-        print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; "
-              f"podman {subprocess.run(['podman', '--version'], capture_output=True, text=True).stdout.split()[-1]}, "
+        bare, cached = [], []
+        for i in range(RUNS):  # alternate, so that both kinds see the same load
+            bare.append(timed_job(link, f"{100 + i}.0"))
+            cached.append(timed_job(link, f"{200 + i}.0", image=image))
+        load_after = os.getloadavg()
+        added = [c - b for b, c in zip(bare, cached, strict=True)]
+        version = subprocess.run(["podman", "--version"], capture_output=True, text=True).stdout
+        print(f"machine: {os.cpu_count()} CPUs, load average (1 min) {load_before[0]:.2f} before, "
+              f"{load_after[0]:.2f} after; podman {version.split()[-1] if version else '?'}, "
               "runc, vfs storage, a busybox image")
-        print(f"bare job (launch -> exit of `true`), median of {RUNS}: "
-              f"{statistics.median(bare) * 1000:.0f} ms")
+        print(f"bare job (launch -> exit of `true`): {spread(bare)}")
         print(f"first container job (pull from a loopback registry): {cold * 1000:.0f} ms")
-        print(f"container job with the image cached, median of {RUNS}: "
-              f"{statistics.median(cached) * 1000:.0f} ms "
-              f"(added: {(statistics.median(cached) - statistics.median(bare)) * 1000:.0f} ms; "
-              f"max {max(cached) * 1000:.0f} ms)")
+        print(f"container job, image cached: {spread(cached)}")
+        print(f"added by the container (cached minus the bare run beside it): {spread(added)}")
         print(f"registry requests by the {RUNS} cached jobs: "
               f"{registry.requests('tiny') - pulled}")
     finally:

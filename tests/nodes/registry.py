@@ -8,6 +8,7 @@ node's mount namespace, as a real node has its own /etc/containers and /var/lib/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -15,6 +16,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 from tests.conftest import free_port, wait_for
@@ -92,6 +95,47 @@ class Hanging:
         self.sock.close()
 
 
+class Throttled:
+    """A loopback proxy in front of a registry that sends its answers slowly (one 16 KiB chunk
+    per `delay_s`): a pull that takes seconds, long enough to watch its progress."""
+
+    def __init__(self, upstream: str, delay_s: float = 0.05):
+        host, _, port = upstream.rpartition(":")
+        self.upstream, self.delay_s = (host, int(port)), delay_s
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pipe, args=(client, server, 0.0), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, self.delay_s),
+                             daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
+        try:
+            while data := src.recv(16384):
+                time.sleep(delay_s)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
 def _bcrypt(password: str) -> str:
     # docker-registry's htpasswd takes bcrypt only; the system Python's crypt module makes it
     code = ("import crypt, sys; "
@@ -101,14 +145,22 @@ def _bcrypt(password: str) -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
-def podman_config(directory: Path, insecure: list[str]) -> Path:
-    """A complete /etc/containers for one node (or the test itself): runc, cgroupfs, vfs
-    storage and run state under `directory`, the loopback registries marked insecure."""
+NODE_RUNROOT = "/tmp/podman-run"  # on the node's own /tmp (a tmpfs that ends with the node)
+
+
+def podman_config(directory: Path, insecure: list[str], runroot: str | Path = NODE_RUNROOT) -> Path:
+    """A complete /etc/containers for one node (or, with a runroot of its own, the test itself):
+    runc, cgroupfs, vfs storage under `directory`, the loopback registries marked insecure.
+
+    The run state stays short: podman hands its runroot to the exit command that records a
+    container's end (`podman --runroot DIR container cleanup`), which refuses one of more than
+    50 characters; `podman run` then waits out its 20 s conmon timeout for every container.
+    The test's own podman (import, push: no containers) may keep its run state anywhere."""
     etc = directory / "etc-containers"
     if etc.exists():
         shutil.rmtree(etc)
     shutil.copytree("/etc/containers", etc, symlinks=True)
-    for sub in ("storage", "run", "tmp"):
+    for sub in ("storage", "tmp"):
         (directory / sub).mkdir(mode=0o711, exist_ok=True)
     (etc / "containers.conf").write_text(textwrap.dedent(f"""\
         [containers]
@@ -124,7 +176,7 @@ def podman_config(directory: Path, insecure: list[str]) -> Path:
         [storage]
         driver = "vfs"
         graphroot = "{directory}/storage"
-        runroot = "{directory}/run"
+        runroot = "{runroot}"
         """))
     (etc / "registries.conf").write_text('unqualified-search-registries = []\n' + "".join(
         f'[[registry]]\nlocation = "{r}"\ninsecure = true\n' for r in insecure))

@@ -52,7 +52,7 @@ def lab():
     open_reg = Registry(work, "open", data)
     private = Registry(work, "private", data, users={"trainer": SECRET})
     hanging = Hanging()
-    etc = podman_config(work / "builder", [open_reg.address])
+    etc = podman_config(work / "builder", [open_reg.address], work / "builder" / "run")
     digest = build_image(work / "builder", etc, f"{open_reg.address}/tiny:1")
     yield {"open": open_reg, "private": private, "hanging": hanging, "digest": digest,
            "image": f"{open_reg.address}/tiny:1", "work": work}
@@ -211,3 +211,19 @@ def test_registry_credentials_are_used_for_the_pull_and_never_shown(container_no
     leaks = node.run(f"grep -rl {SECRET} /var/lib/trainyard /tmp /var/tmp {node.dir}/podman "
                      f"{lab['private'].log}")
     assert leaks.stdout == "", f"the password was written to {leaks.stdout}"
+
+
+def test_a_container_over_its_memory_ends_out_of_memory(container_node, lab):
+    node, link, _ = container_node()
+    # tail keeps its last lines in memory, and /dev/zero is one line without end
+    link.send(op="launch", key="10.0", job_id=10, user="bob", mem_mb=48, image=lab["image"],
+              argv=["busybox", "tail", "/dev/zero"])
+    end = link.wait_for("exited", "10.0", timeout=120)
+    assert end["oom"] is True and end["rc"] == 137, link.request(op="log", key="10.0")["data"]
+    left = node.run(f"find /sys/fs/cgroup -path '*trainyard/{node.name}/10.0*'").stdout
+    assert left == "", f"cgroups left behind: {left}"
+    link.send(op="launch", key="11.0", job_id=11, user="bob", mem_mb=48, image=lab["image"],
+              argv=["sh", "-c", "busybox head -c 8000000 /dev/zero | busybox wc -c"])
+    end = link.wait_for("exited", "11.0", timeout=60)
+    assert end["oom"] is False and end["rc"] == 0
+    assert link.request(op="log", key="11.0")["data"].endswith("8000000\n")

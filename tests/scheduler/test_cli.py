@@ -127,7 +127,7 @@ def test_revoked_token_is_refused_at_once(daemon):
 
 def test_demo_no_tui_prints_settings_runs_jobs_and_stops_on_sigint(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
-    proc = subprocess.Popen([PY, "-m", "scheduler.cli", "demo", "--no-tui", "--nodes", "2", "--gpus-per-node", "2",
+    proc = subprocess.Popen([PY, "-m", "scheduler.cli", "demo", "--no-tui", "--idle", "--nodes", "2", "--gpus-per-node", "2",
                              "--dir", str(tmp_path / "demo")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

@@ -183,11 +183,12 @@ def test_a_full_disk_holds_output_back_and_says_so_until_there_is_room(tmp_path,
         logs.on_output("n1", chunk("7.0", 0, big))
         assert links.sent == []  # not acknowledged: the node keeps it and sends it again
         assert "cannot store" in logs.problem
-        assert [e.detail["node"] for e in events(store, "log.store_failed")] == ["n1"]
+        assert [e.detail["node"] for e in events(store, "logs.problem")] == ["n1"]
         subprocess.run(["mount", "-o", "remount,size=1m", str(root)], check=True)
         logs.on_output("n1", chunk("7.0", 0, big))
         assert (root / "logs/7/0/0.out").read_bytes() == big
-        assert logs.problem == "" and events(store, "log.store_recovered")
+        assert logs.problem == ""
+        assert [e.detail["problem"] != "" for e in events(store, "logs.problem")] == [True, False]
     finally:
         subprocess.run(["umount", str(root)])
 

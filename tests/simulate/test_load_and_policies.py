@@ -106,3 +106,20 @@ def test_qssf_learns_run_times_as_jobs_end_and_reports_its_accuracy(tmp_path):
     assert m["prediction_within_2x"] > 0.8
     fifo = sim_json("--trace", write(tmp_path, text), "--cluster", "1x1", "--policy", "fifo")
     assert m["avg_jct_s"] < fifo["avg_jct_s"]
+
+
+def test_las_budget_preempts_a_long_job_once_per_level_it_reaches(tmp_path):
+    # a 1-GPU job of 12 GPU-hours, then a 100 s job every 1,000 s; levels of las-budget double
+    # from its first threshold, so the long job reaches two of them while the short ones arrive
+    from scheduler.planner import PolicyConfig
+
+    first = PolicyConfig.preset("las-budget").las_thresholds_gpu_s[0]
+    long_s = 3 * first
+    arrivals = range(int(first) + 600, int(long_s), 1000)
+    text = f"submit_time,duration,gpus\n0,{long_s},1\n" + \
+        "".join(f"{t},100,1\n" for t in arrivals)
+    out = sim_json("--trace", write(tmp_path, text), "--cluster", "1x1",
+                   "--policy", "las,las-budget")
+    assert out["las-budget"]["preemptions"] == 2  # past the first level, then the second
+    assert out["las"]["preemptions"] > 10  # LAS evicts it for every short job
+    assert out["las-budget"]["jobs"] == out["las"]["jobs"] == len(arrivals) + 1

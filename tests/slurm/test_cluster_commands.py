@@ -111,8 +111,11 @@ def test_scontrol_hold_release_update_and_show(cluster):
 
     assert slurm(d, "scontrol", "update", f"JobId={job_id}", "Priority=-5").returncode == 0
     assert "Priority=-5 " in slurm(d, "scontrol", "show", "job", str(job_id)).stdout
-    r = slurm(d, "scontrol", "update", f"JobId={job_id}", "TimeLimit=2:00:00")
-    assert r.returncode == 1 and "TimeLimit cannot change" in r.stderr
+    r = slurm(d, "scontrol", "update", f"JobId={job_id}", "TimeLimit=2:00:00")  # an admin raises
+    assert r.returncode == 0, r.stderr
+    assert "TimeLimit=2:00:00" in slurm(d, "scontrol", "show", "job", str(job_id)).stdout
+    assert slurm(d, "scontrol", "update", f"JobId={job_id}", "TimeLimit=-45").returncode == 0
+    assert "TimeLimit=1:15:00" in slurm(d, "scontrol", "show", "job", str(job_id)).stdout
 
     assert slurm(d, "scontrol", "release", str(job_id)).returncode == 0
     c = d.client()

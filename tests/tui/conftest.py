@@ -27,7 +27,7 @@ def demo_cluster(tmp_path_factory):
     env.pop("TRAINYARD_URL", None)
     env.pop("TRAINYARD_TOKEN", None)
     proc = subprocess.Popen(
-        [str(trainyard), "demo", "--no-tui", "--nodes", "2", "--gpus-per-node", "4",
+        [str(trainyard), "demo", "--no-tui", "--idle", "--nodes", "2", "--gpus-per-node", "4",
          "--dir", str(base / "demo")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     settings: dict[str, str] = {}

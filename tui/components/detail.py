@@ -275,7 +275,10 @@ class JobScreen(DetailScreen):
         spec.add_row("submitted", f"{fmt.clock(job.get('submit_time'))} ({fmt.ago(job.get('submit_time'), now)})")
         spec.add_row("started / ended", f"{fmt.clock(job.get('start_time'))} / {fmt.clock(job.get('end_time'))}")
         if job.get("estimated_start"):
-            spec.add_row("estimated start", fmt.clock(job["estimated_start"]))
+            basis = job.get("estimated_start_basis")
+            spec.add_row("estimated start", fmt.clock(job["estimated_start"]) + (f" (from {basis})" if basis else ""))
+        if job.get("prediction_basis"):  # what history says it will run, and on what it is based
+            spec.add_row("predicted run time", job["prediction_basis"])
         allocation = job.get("allocation") or []
         spec.add_row("allocation", "\n".join(
             f"{a.get('node')}: GPUs {','.join(str(g) for g in a.get('gpus') or [])}"

@@ -150,7 +150,8 @@ class ResourceView(Verbs, Vertical):
 class NodesView(ResourceView):
     KIND = "nodes"
     COLUMNS = [("NAME", 14), ("POOL", 12), ("STATE", 13), ("GPUS", 14), ("UTIL", 4),
-               ("GPU MEM", 13), ("TEMP", 4), ("POWER", 6), ("REASON", 22), ("LABELS", 24)]
+               ("GPU MEM", 13), ("TEMP", 4), ("POWER", 6), ("RUNTIME", 7), ("REASON", 22),
+               ("LABELS", 24)]
     BINDINGS = actions.bindings("nodes")
 
     def items(self, state: ClusterState) -> dict[str, Any]:

@@ -53,7 +53,7 @@ async def submit(body: JobSubmit, d: DaemonDep, who: Who):
         account=body.account, env=body.env, workdir=body.workdir, hold=body.hold,
         slurm={k: getattr(body, k) for k in SLURM_FIELDS if getattr(body, k, None) is not None},
     )
-    return Json(d.jobs.submit(who, req), status_code=201)
+    return Json(await d.jobs.submit_grouped(who, req), status_code=201)
 
 
 @router.get("/{job_id}", response_model=JobRead, responses=responses(404))
@@ -61,10 +61,16 @@ async def get_job(job_id: JobId, d: DaemonDep, who: Who):
     return Json(d.jobs.get(who, job_id))
 
 
-@router.patch("/{job_id}", response_model=JobRead, responses=responses(403, 404))
+@router.patch("/{job_id}", response_model=JobRead, responses=responses(403, 404, 409))
 async def patch_job(job_id: JobId, body: JobPatch, d: DaemonDep, who: Who):
-    """Change a pending job's priority (raising it needs the operator role)."""
-    return Json(d.jobs.set_priority(who, job_id, body.priority))
+    """Change a job's priority or time limit (`scontrol update`); raising either needs the
+    operator role. A running job's new time limit counts from its start, as in Slurm."""
+    job = None
+    if body.time_limit is not None:
+        job = d.jobs.set_time_limit(who, job_id, body.time_limit)
+    if body.priority is not None:
+        job = d.jobs.set_priority(who, job_id, body.priority)
+    return Json(job)
 
 
 def _action(action: str, doc: str):
