@@ -234,8 +234,12 @@ class Agent:
         if workdir and not workdir.startswith("/"):
             raise containers.ContainerError(
                 f"container workdir {workdir!r} is not an absolute path inside the image")
+        mounts = containers.parse_mounts(msg.mounts)
+        if msg.script is not None:  # the batch script (prepare() writes it) runs inside
+            script = os.path.join(self.job_dir(msg.key), "work", "script")
+            mounts.append({"src": script, "dst": script, "ro": True})
         return {"runtime": runtime, "image": str(containers.parse_image(msg.image)),
-                "mounts": containers.parse_mounts(msg.mounts), "workdir": workdir,
+                "mounts": mounts, "workdir": workdir,
                 "cdi": bool(self.containers.get("cdi")), "cache_dir": self.images.dir,
                 "high_water_bytes": self.images.high_water, "pull_timeout_s": self.pull_timeout_s,
                 "node": self.node, "mem_mb": msg.mem_mb, "cpus": msg.cpus,

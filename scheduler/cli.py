@@ -154,6 +154,14 @@ def daemon_status() -> None:
         leaders += role == "leader"
         why = f" ({h['reason']}; leader: {h.get('leader') or 'none yet'})" if role != "leader" else ""
         click.echo(f"{one}  {role}{why}")
+        if role == "leader" and _token:  # what the daemon itself cannot do now (e.g. store logs)
+            try:
+                r = httpx.get(one.rstrip("/") + "/v1/cluster", timeout=5,
+                              headers={"Authorization": f"Bearer {_token}"})
+                for problem in r.json().get("problems") or () if r.status_code == 200 else ():
+                    click.echo(f"  problem: {problem}")
+            except (httpx.HTTPError, ValueError):
+                pass
     if not leaders:
         fail("no configured daemon leads now", UNREACHABLE)
 
@@ -399,7 +407,7 @@ def job_cmd(job_id, as_json):
     alloc = "; ".join(f"{a['node']}:gpus={','.join(map(str, a['gpus']))}" for a in j["allocation"]) or "-"
     fields = [
         ("JobId", j["id"]), ("Name", j["name"]), ("User", j["user"]), ("Queue", j["queue"]),
-        ("State", j["state"]), ("Reason", j["reason"] or "-"), ("Priority", j["priority"]),
+        ("State", j["state"]), ("Reason", (j["reason"] or "-") + (f" ({j['reason_detail']})" if j.get("reason_detail") else "")), ("Priority", j["priority"]),
         ("Command", " ".join(j["command"]) if j["command"] else "(script)"),
         ("Gpus", f"{j['gpus']} per node"), ("Nodes", j["nodes"]), ("Cpus", j["cpus"]),
         ("Mem", f"{j['mem']}M" if j["mem"] else "-"), ("TimeLimit", fmt_duration(j["time_limit"])),

@@ -562,8 +562,13 @@ def cgroup_parent(controller: str = "devices") -> str:
     return parent
 
 
+_parents: dict = {}  # container name -> its cgroup parent, as container_state() found it
+
+
 def _parent_of(runtime: str, name: str) -> str:
     """The cgroup parent that cgroup_parent() made for this container, else ""."""
+    if name in _parents:
+        return _parents.pop(name)
     try:
         r = _quick([runtime, "inspect", "--format", "{{.HostConfig.CgroupParent}}", name], 30)
     except (OSError, subprocess.TimeoutExpired):
@@ -607,6 +612,7 @@ def container_state(runtime: str, name: str) -> dict:
     oom, code = words[0] == "true", words[1]
     rc = int(code) if code.lstrip("-").isdigit() else None
     parent = words[2] if len(words) > 2 else ""
+    _parents[name] = parent if _made_here(parent) else ""
     if not oom and rc == 128 + signal.SIGKILL and _made_here(parent):
         oom = _limit_reached(parent)
     return {"oom": oom, "exit": rc}

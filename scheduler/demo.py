@@ -116,17 +116,12 @@ async def wait_nodes_up(daemon: Daemon, count: int, timeout: float = 30.0) -> No
         await asyncio.sleep(0.05)
 
 
-async def feed_demo(daemon: Daemon, gpus_total: int, stop: asyncio.Event) -> None:
-    """Replay the Philly slice on the demo cluster as its users (a token each) until `stop`."""
-    from .demo_feed import USERS, describe, feed, plan_feed
+async def feed_demo(daemon: Daemon, plan, stop: asyncio.Event, max_backlog: int) -> None:
+    """Replay the plan's trace slice on the demo cluster as its users (a token each) until `stop`."""
+    from .demo_feed import USERS, feed
 
-    if gpus_total <= 0:
-        click.echo("the demo cluster has no GPUs: its workload is off", err=True)
-        return
-    plan = await asyncio.to_thread(plan_feed, gpus_total)
     tokens = {u: daemon.create_token(u, "user", "demo") for u in USERS}
-    click.echo(describe(plan, gpus_total), err=True)
-    await feed(daemon.url, tokens, plan, stop, max_backlog=3 * gpus_total)
+    await feed(daemon.url, tokens, plan, stop, max_backlog=max_backlog)
 
 
 def run_demo(nodes: int, gpus: int, tui: bool, listen: str, workdir: str | None,
@@ -152,7 +147,15 @@ def run_demo(nodes: int, gpus: int, tui: bool, listen: str, workdir: str | None,
                     await asyncio.sleep(0.01)
                 await wait_nodes_up(daemon, nodes)
                 if not idle and not until_ready:
-                    feeder = asyncio.create_task(feed_demo(daemon, nodes * gpus, stop))
+                    if nodes * gpus == 0:
+                        info["workload"] = "the demo cluster has no GPUs: its workload is off"
+                    else:
+                        from .demo_feed import describe, plan_feed
+
+                        plan = await asyncio.to_thread(plan_feed, nodes * gpus)
+                        info["workload"] = describe(plan, nodes * gpus)
+                        feeder = asyncio.create_task(
+                            feed_demo(daemon, plan, stop, max_backlog=3 * nodes * gpus))
                 ready.set()
                 if until_ready:
                     stop.set()
@@ -188,6 +191,8 @@ def run_demo(nodes: int, gpus: int, tui: bool, listen: str, workdir: str | None,
             print_lines(info, base)
             if until_ready:
                 return
+            if "workload" in info:
+                click.echo(info["workload"], err=True)
             click.echo("demo cluster running; Ctrl-C stops it. Try, in another terminal:\n"
                        "  export TRAINYARD_URL=... TRAINYARD_TOKEN=...   (the two lines above)\n"
                        "  trainyard submit --gpus 2 -- sh -c 'echo $CUDA_VISIBLE_DEVICES; sleep 30'\n"

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .traces import load_trace
@@ -135,7 +134,8 @@ async def _submit(client, headers: dict, job: DemoJob) -> None:
 
 
 def describe(plan: FeedPlan, gpus_total: int) -> str:
-    users: Iterable[str] = sorted({j.user for j in plan.jobs})
+    """One line for the person who started the demo: what it replays, as whom, how busy."""
+    users = sorted({j.user for j in plan.jobs})
     return (f"replaying {len(plan.jobs)} jobs of Philly's busiest 12 hours "
             f"({plan.keep:.0%} of them) every {plan.period_s:.0f} s as {', '.join(users)}: "
             f"{plan.offered_load:.0%} offered load on {gpus_total} GPUs")

@@ -79,6 +79,8 @@ class Job(SQLModel, table=True):
     queue: str = "default"
     state: str = PENDING
     reason: str = ""
+    # a pending job's reason in words, from the planner (e.g. which constraint no node matches)
+    reason_detail: str = ""
     held: str = ""  # "", HOLD_USER or HOLD_ADMIN
     command: list[str] | None = Field(default=None, sa_column=Column(JSON))
     script: str | None = Field(default=None, sa_column=Column(Text))

@@ -146,7 +146,7 @@ class Simulator:
         self.estimate_factor = estimate_factor
         # the oracle knows every job's run time; srsf otherwise predicts it from history
         self.clairvoyant = policy.name == "oracle"
-        self.predictor = Predictor() if policy.uses_predictions and not self.clairvoyant else None
+        self.predictor = Predictor() if policy.order == "srsf" and not self.clairvoyant else None
         self.progress = progress
         self.ledger = UsageLedger(self.policy.fairshare_half_life_s)
         self.use_usage = self.policy.order == "multifactor" and self.policy.weights.fairshare > 0
@@ -543,6 +543,8 @@ makespan; with `oracle` among the policies, each policy's mean JCT as a ratio to
                fairshare  multifactor with fair share over decayed usage + EASY backfill;
                las        least attained service (Tiresias-style discretised LAS, GPU-time
                           thresholds), preempts more-served jobs; needs no durations;
+               las-budget LAS on levels that double from 4 GPU-hours, preempting a job at
+                          most once per level it reaches (jobs under 4 GPU-hours never);
                qssf       shortest predicted remaining GPU-service first (run times learned
                           from finished jobs), with aging and backfill on predictions,
                           no preemption;

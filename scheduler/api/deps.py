@@ -12,8 +12,14 @@ from ..daemon import Caller, Daemon
 bearer = HTTPBearer(auto_error=False, description="an API token: `trainyard token create USER --role ROLE`")
 
 
-def daemon_of(request: Request) -> Daemon:
+def the_daemon(request: Request) -> Daemon:
     return request.app.state.daemon
+
+
+# Dependencies are `async def`: FastAPI runs a plain `def` dependency in a worker thread, a thread
+# hop on every request of the API's hottest paths (submit, list)
+async def daemon_of(request: Request) -> Daemon:
+    return the_daemon(request)
 
 
 def peer(request: Request) -> str:
@@ -26,7 +32,7 @@ async def caller(request: Request,
     if cred is None or cred.scheme.lower() != "bearer" or not cred.credentials:
         raise HTTPException(401, "missing bearer token: set TRAINYARD_TOKEN or run `trainyard token create`",
                             headers={"WWW-Authenticate": "Bearer"})
-    who = daemon_of(request).tokens.authenticate(cred.credentials.strip(), peer(request))
+    who = the_daemon(request).tokens.authenticate(cred.credentials.strip(), peer(request))
     if who is None:
         raise HTTPException(401, "invalid token: it is unknown to this daemon", headers={"WWW-Authenticate": "Bearer"})
     request.state.caller = who

@@ -363,6 +363,8 @@ class JobRead(Open):
     queue: str
     state: str
     reason: str
+    reason_detail: str | None = Field(default=None, description=(
+        "a pending job's reason in words, e.g. which constraint no node matches"))
     held: str | None = None
     command: list[str] | None
     script: bool

@@ -136,7 +136,8 @@ class SchedulingCycle:
         """
         t = _T
         light = s.connection().execute(sa_select(t.id, t.attempt, t.priority, t.held, t.reason,
-                                                 t.estimated_start, t.nice, t.time_limit_s)
+                                                 t.estimated_start, t.nice, t.time_limit_s,
+                                                 t.reason_detail)
                                        .where(t.state == m.PENDING)).all()
         if now is not None:  # --begin: not a candidate before its time (Slurm's BeginTime)
             later = s.connection().execute(sa_select(t.id, t.reason).where(
@@ -150,7 +151,7 @@ class SchedulingCycle:
                               .values(reason=BEGIN_TIME))
         cache, fresh = self._pending_cache, {}
         missing = []
-        for jid, attempt, prio, held, _reason, _est, nice, limit in light:
+        for jid, attempt, prio, held, _reason, _est, nice, limit, _detail in light:
             hit = cache.get(jid)
             if hit is not None and hit[0] == (attempt, prio, held, nice, limit):
                 fresh[jid] = hit
@@ -163,7 +164,8 @@ class SchedulingCycle:
                                   job_view(r))
         self._pending_cache = fresh
         views = [fresh[jid][1] for jid, *_ in light if jid in fresh]
-        return views, {jid: (reason, est, held) for jid, _a, _p, held, reason, est, *_ in light}
+        return views, {jid: (reason, est, held, detail)
+                       for jid, _a, _p, held, reason, est, _n, _l, detail in light}
 
     def active_views(self, s: Session) -> list[JobView]:
         """The active jobs as JobViews, decoded only when new or changed since the last cycle.
@@ -273,18 +275,22 @@ class SchedulingCycle:
         """Write only the pending reasons and estimated starts that changed (one batched UPDATE)."""
         changed = []
         for w in waits:
-            reason, est, held = rows[w.job_id]
-            new = w.reason
+            reason, est, held, detail = rows[w.job_id]
+            new, words = w.reason, w.detail
             if new == HELD:  # Slurm tells a user's hold from an operator's
                 new = m.HOLD_REASONS.get(held, m.HELD_USER)
             elif new == RESOURCES and self.refine_reason is not None:  # e.g. why a scale-up failed
-                new = self.refine_reason(w.job_id) or new
-            if reason != new or est != w.estimated_start:
-                changed.append({"b_id": w.job_id, "b_reason": new, "b_est": w.estimated_start})
+                refined = self.refine_reason(w.job_id)
+                if refined:
+                    new, words = refined, ""
+            if reason != new or est != w.estimated_start or (detail or "") != words:
+                changed.append({"b_id": w.job_id, "b_reason": new, "b_est": w.estimated_start,
+                                "b_detail": words})
         if changed:
             t = Job.__table__
             s.execute(update(t).where(t.c.id == bindparam("b_id"))
-                      .values(reason=bindparam("b_reason"), estimated_start=bindparam("b_est")), changed)
+                      .values(reason=bindparam("b_reason"), estimated_start=bindparam("b_est"),
+                              reason_detail=bindparam("b_detail")), changed)
 
     async def loop(self, running) -> None:
         while running():

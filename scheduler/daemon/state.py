@@ -143,6 +143,7 @@ class StateStore:
         old = job.state
         job.state = state
         job.reason = reason
+        job.reason_detail = ""  # the planner's words for a pending reason; set again while pending
         s.add(job)
         self.record(s, actor, "job.state", str(job.id),
                     {"state": state, "reason": reason, "user": job.user, **detail})

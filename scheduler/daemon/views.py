@@ -14,6 +14,7 @@ def job_json(j, viewer: Caller | None = None) -> dict[str, Any]:
         env = dict.fromkeys(env)
     return {
         "id": j.id, "name": j.name, "user": j.user, "queue": j.queue, "state": j.state, "reason": j.reason,
+        "reason_detail": getattr(j, "reason_detail", "") or None,
         "held": j.held or None, "command": j.command, "script": j.script is not None, "gpus": j.gpus,
         "gpu_type": j.gpu_type, "nodes": j.nodes, "cpus": j.cpus, "mem": j.mem_mb,
         "time_limit": j.time_limit_s, "priority": j.priority, "retries": j.retries, "failures": j.failures,

@@ -20,6 +20,11 @@ def eligibility(job: JobView, selector: Mapping[str, str]) -> tuple:
             tuple(sorted(job.nodelist)), tuple(sorted(job.exclude)))
 
 
+# the eligibility of a job with no GPU type, label, feature or node list in a queue without
+# a node selector
+PLAIN = ("", (), "", (), ())
+
+
 def node_matches(node: NodeView, key: tuple) -> bool:
     gpu_type, labels, features, only, never = key
     if not node.schedulable:
@@ -99,7 +104,10 @@ class ClusterState:
     def pool(self, key: tuple) -> Pool:
         p = self._pools.get(key)
         if p is None:
-            names = [n.name for n in self.nodes.values() if node_matches(n, key)]
+            if key == PLAIN:  # no constraint at all: every schedulable node
+                names = [n.name for n in self.nodes.values() if n.schedulable]
+            else:
+                names = [n.name for n in self.nodes.values() if node_matches(n, key)]
             p = Pool(names, self.free, self.totals)
             self._pools[key] = p
             for name in names:

@@ -10,7 +10,6 @@ from .types import JobView, QueueView
 
 ORDERS = ("fifo", "multifactor", "las", "srsf")
 QUEUEINGS = ("strict", "best_effort")
-LAS_WITHIN = ("fifo", "service")  # how jobs of one LAS level are ordered
 PRESETS = ("fifo", "backfill", "fairshare", "las", "las-budget", "qssf")
 # needs every job's true run time: only a replay of a trace has it
 SIMULATION_PRESETS = (*PRESETS, "oracle")
@@ -83,9 +82,6 @@ class PolicyConfig:
     fairshare_half_life_s: float = 7 * 86400.0
     weights: PriorityWeights = field(default_factory=PriorityWeights)
     las_thresholds_gpu_s: tuple[float, ...] = (3600.0, 36000.0)
-    # las: inside one level, "fifo" (Tiresias) or "service": shortest predicted remaining
-    # GPU-service first, with srsf_aging (Helios' QSSF inside each level)
-    las_within_level: str = "fifo"
     topology_keys: tuple[str, ...] = ("switch", "rack")
     queues: Mapping[str, QueuePolicy] = field(default_factory=dict)
     teams: Mapping[str, TeamQuota] = field(default_factory=dict)
@@ -120,9 +116,6 @@ class PolicyConfig:
                              f"{self.max_preemptions_per_job!r}")
         if self.srsf_preempt_ratio < 1.0:
             raise ValueError(f"srsf_preempt_ratio: must be >= 1.0, got {self.srsf_preempt_ratio!r}")
-        if self.las_within_level not in LAS_WITHIN:
-            raise ValueError(f"las_within_level: unknown order {self.las_within_level!r}; choose "
-                             f"one of {', '.join(LAS_WITHIN)}")
         if self.queueing not in QUEUEINGS:
             raise ValueError(
                 f"queueing: unknown strategy {self.queueing!r}; choose one of {', '.join(QUEUEINGS)}"
@@ -130,11 +123,6 @@ class PolicyConfig:
         # user -> team, for jobs submitted without an account
         members = {u: t.name for t in self.teams.values() for u in t.users}
         object.__setattr__(self, "user_team", MappingProxyType(members))
-
-    @property
-    def uses_predictions(self) -> bool:
-        """Whether the order reads predicted run times (SRSF, or service order inside LAS)."""
-        return self.order == "srsf" or (self.order == "las" and self.las_within_level == "service")
 
     def team_of(self, job: JobView) -> str:
         return job.account or self.user_team.get(job.user, DEFAULT_TEAM)
@@ -175,9 +163,10 @@ class PolicyConfig:
             # Helios' quasi-shortest-service-first on predicted run times, with aging and EASY
             # backfill on predictions. No preemption by default: on Philly it preempted more
             # than once per job for little gain (docs/simulation.md); `preemption = true`
-            # turns it on, for a job with 16x less service left only
+            # turns it on, for a job with 16x less service left only, once per job
             base = cls(name="qssf", order="srsf", srsf_aging=QSSF_AGING, preemption=False,
-                       srsf_preempt_ratio=QSSF_PREEMPT_RATIO, backfill_on_prediction=True)
+                       srsf_preempt_ratio=QSSF_PREEMPT_RATIO, backfill_on_prediction=True,
+                       max_preemptions_per_job=1)
         elif name == "oracle":
             base = cls(name="oracle", order="srsf", backfill=False, queueing="best_effort")
         else:

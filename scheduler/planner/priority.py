@@ -72,11 +72,6 @@ def order_runs(policy: PolicyConfig, queues: Mapping[str, QueueView]):
         return sig, one, lambda j: (-qp(j.queue), -j.priority, j.submit_time), False
     if policy.order == "las":
         th = policy.las_thresholds_gpu_s
-        if policy.las_within_level == "service":
-            aging = policy.srsf_aging
-            return sig, one, lambda j: (-qp(j.queue), las_level(j.attained_gpu_s, th), -j.priority,
-                                        remaining_service(j, j.submit_time, policy)
-                                        + aging * j.submit_time, j.submit_time), False
         return sig, one, lambda j: (-qp(j.queue), las_level(j.attained_gpu_s, th), -j.priority,
                                     j.submit_time), False
     if policy.order == "srsf":
@@ -109,11 +104,6 @@ def order_key(policy: PolicyConfig, queues: Mapping[str, QueueView], now: float,
         return lambda j: (-qp(j.queue), -j.priority, j.submit_time, j.id)
     if policy.order == "las":
         th = policy.las_thresholds_gpu_s
-        if policy.las_within_level == "service":
-            aging = policy.srsf_aging
-            return lambda j: (-qp(j.queue), las_level(j.attained_gpu_s, th), -j.priority,
-                              remaining_service(j, j.submit_time, policy) + aging * j.submit_time,
-                              j.submit_time, j.id)
         return lambda j: (-qp(j.queue), las_level(j.attained_gpu_s, th), -j.priority,
                           j.submit_time, j.id)
     if policy.order == "srsf":

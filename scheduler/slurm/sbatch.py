@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..containers import ContainerError, parse_image, parse_mounts
 from ..units import UnitError, parse_duration, parse_mem
 from .features import ConstraintError, parse_constraint
 from .hostlist import HostlistError, expand
@@ -201,10 +202,12 @@ NOT_ACTED_ON = frozenset({
     "thread-spec", "acctg-freq", "profile", "propagate", "get-user-env", "wait-all-nodes",
     "reboot", "network", "clusters", "deadline", "delay-boot", "mcs-label", "power", "prefer",
     "container", "umask", "immediate", "export-file", "bb", "bbf", "tres-per-task", "tres-bind",
-    "segment", "checkpoint", "priority", "container-image", "container-mounts",
-    "container-workdir", "container-name", "container-writable", "container-mount-home",
-    "no-container-mount-home", "container-env", "container-remap-root", "image", "module",
+    "segment", "checkpoint", "priority", "container-name", "container-writable",
+    "container-mount-home", "no-container-mount-home", "container-env", "container-remap-root",
+    "module",
 })
+# pyxis's and shifter's container options that trainyard acts on, and what they need
+CONTAINER_OPTIONS = ("container-image", "image", "container-mounts", "container-workdir")
 # Options that only change what the submitting command does, not the job.
 CLIENT_ONLY = frozenset({"parsable", "wait", "verbose", "quiet", "test-only", "ignore-pbs", "wrap"})
 # Options Slurm reads but trainyard cannot honour at all: refused with the reason.
@@ -277,6 +280,10 @@ class BatchSpec:
     submit_host: str = ""
     export: str = "ALL"
     env: dict[str, str] = field(default_factory=dict)
+    # the container (pyxis: --container-image, --container-mounts, --container-workdir)
+    image: str | None = None
+    container_mounts: list[str] = field(default_factory=list)
+    container_workdir: str | None = None
     # recorded
     signal: Signal | None = None
     requeue: bool | None = None
@@ -329,7 +336,8 @@ class BatchSpec:
             "open_mode": self.open_mode, "begin": self.begin, "nice": self.nice,
             "signal": str(self.signal) if self.signal else None, "requeue": self.requeue,
             "mail_user": self.mail_user, "comment": self.comment, "wckey": self.wckey,
-            "reservation": self.reservation, "nodes_max": self.nodes_max,
+            "reservation": self.reservation, "nodes_max": self.nodes_max, "image": self.image,
+            "container_workdir": self.container_workdir,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
         if self.time_unlimited:
@@ -338,6 +346,8 @@ class BatchSpec:
             body["nodelist"] = self.nodelist
         if self.exclude:
             body["exclude"] = self.exclude
+        if self.container_mounts:
+            body["container_mounts"] = list(self.container_mounts)
         if self.mail_type:
             body["mail_type"] = self.mail_type
         if self.env:
@@ -347,6 +357,11 @@ class BatchSpec:
         if self.recorded:
             body["recorded"] = dict(self.recorded)
         return body
+
+
+def shifter_image(text: str) -> str:
+    """Shifter's `--image=docker:REPOSITORY:TAG` as an image reference (`REPOSITORY:TAG`)."""
+    return text[len("docker:"):] if text.startswith("docker:") else text
 
 
 def _wrap_script(command: str) -> str:
@@ -674,7 +689,13 @@ def _check(opt: Option, value: str | None, origin: Origin, now: float) -> None:
             raise _refuse(origin, opt, value, f"invalid nice value {value!r}")
         elif long == "chdir" and not value:
             raise _refuse(origin, opt, value, "the directory must not be empty")
-    except (UnitError, ValueError, ConstraintError, HostlistError) as e:
+        elif long in ("container-image", "image"):
+            parse_image(shifter_image(value or "") if long == "image" else value or "")
+        elif long == "container-mounts":
+            parse_mounts(value or "")
+        elif long == "container-workdir" and not (value or "").startswith("/"):
+            raise _refuse(origin, opt, value, "give an absolute path inside the image, e.g. /workspace")
+    except (UnitError, ValueError, ConstraintError, HostlistError, ContainerError) as e:
         if isinstance(e, SbatchError):
             raise
         raise _refuse(origin, opt, value, str(e)) from None
@@ -828,6 +849,18 @@ def resolve(req: _Request, *, submit_dir: str, submit_host: str, now: float) -> 
     spec.workdir = workdir if workdir.startswith("/") else os.path.normpath(os.path.join(submit_dir, workdir))
     if "export" in v:
         spec.export, spec.env = parse_export(v["export"])
+    # the container
+    images = [k for k in ("container-image", "image") if k in v]
+    if len(images) > 1 and v["container-image"] != shifter_image(v["image"]):
+        raise refuse("container-image", "image", "two different images; give one")
+    if images:
+        spec.image = v["container-image"] if "container-image" in v else shifter_image(v["image"])
+    elif "container-mounts" in v or "container-workdir" in v:
+        given = "container-mounts" if "container-mounts" in v else "container-workdir"
+        raise SbatchError(f"{spec.origins[given]}: --{given} needs an image to run in; add "
+                          "#SBATCH --container-image=IMAGE")
+    spec.container_mounts = [m for m in (v.get("container-mounts") or "").split(",") if m]
+    spec.container_workdir = v.get("container-workdir")
     # recorded
     spec.signal = parse_signal(v["signal"]) if "signal" in v else None
     spec.requeue = True if "requeue" in v else False if "no-requeue" in v else None

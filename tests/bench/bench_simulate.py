@@ -3,8 +3,9 @@
     .venv/bin/python tests/bench/bench_simulate.py [--load 0.8] [--window 2017-10-01 2017-11-30]
         [--policy fifo,las] [--cluster pooled|per-vc|SPEC] [--plot out.png] [--json-out r.json]
 
-Prints, per policy, the replay's wall-clock seconds as `policy: N s` and then the metrics
-table that docs/simulation.md publishes (with each policy's mean JCT over the oracle's).
+Prints, per policy, the replay's wall-clock seconds as `policy: N s`, its CPU seconds and the
+1-minute load average (the machine may be shared: CPU seconds are what the replay costs), then
+the metrics table that docs/simulation.md publishes (each policy's mean JCT over the oracle's).
 Budget: 60 s per policy on the development machine (2 cores). `--load 0 --cluster SPEC`
 replays on a fixed cluster (e.g. `--full --load 0 --cluster .../philly_vc_nodes_helios.csv`).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -64,13 +66,23 @@ def main() -> int:
     results = []
     over = []
     for name in args.policy.split(","):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         r = simulate_policy(trace.jobs, cluster, PolicyConfig.preset(name), seed=args.seed)
-        took = time.perf_counter() - t0
+        took, cpu = time.perf_counter() - t0, time.process_time() - c0
         results.append(r)
-        print(f"{name}: {took:.1f} s ({r['planner_passes']:,} planner passes)", flush=True)
+        load1 = os.getloadavg()[0]
+        print(f"{name}: {took:.1f} s ({cpu:.1f} s of CPU; load average {load1:.1f} on "
+              f"{os.cpu_count()} CPUs; {r['planner_passes']:,} planner passes): mean JCT "
+              f"{r['avg_jct_s']:,.0f} s, p99 {r['p99_jct_s']:,.0f} s, "
+              f"{r['preemptions'] / max(1, r['jobs']):.3f} preemptions per job", flush=True)
+        r["wall_s"], r["cpu_s"] = round(took, 1), round(cpu, 1)
+        r["load_average"] = round(load1, 1)
         if took > BUDGET_S:
             over.append(name)
+        if args.json_out:  # after each policy, so a long run that is cut short keeps its part
+            Path(args.json_out).write_text(json.dumps(
+                [{k: v for k, v in x.items() if not k.startswith("_")} for x in results],
+                indent=2))
     oracle = next((r for r in results if r["policy"] == "oracle"), None)
     if oracle:
         for r in results:
@@ -80,7 +92,7 @@ def main() -> int:
         save_plot(results, args.plot, f"{Path(args.trace).name}, {len(cluster.nodes)} x 8 GPUs")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(
-            [{k: v for k, v in r.items() if not k.startswith("_")} for r in results], indent=2))
+            [{k: v for k, v in x.items() if not k.startswith("_")} for x in results], indent=2))
     if over:
         print(f"over the {BUDGET_S:.0f} s budget: {', '.join(over)}")
         return 1

@@ -196,9 +196,6 @@ def test_submit_image_with_container_mounts_and_workdir(cluster, lab, users, ali
     ran_in_the_image(d, token, job["id"], lab, users["alice"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "sbatch.py records --container-image/--container-mounts/--container-workdir without acting "
-    "on them, and a script job's file is not mounted into its container"))
 def test_pyxis_sbatch_lines_run_the_script_in_the_image(cluster, lab, users, alice_data, base):  # noqa: F811
     d, _ = cluster
     token = d.client().create_token("alice", "user")["token"]

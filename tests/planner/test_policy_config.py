@@ -77,9 +77,9 @@ def test_empty_config_is_the_default_backfill_policy():
     assert p == PolicyConfig.preset("backfill") and p.backfill
 
 
-@pytest.mark.parametrize("name", ["fifo", "backfill", "fairshare", "las"])
+@pytest.mark.parametrize("name", ["fifo", "backfill", "fairshare", "las", "las-budget", "qssf"])
 def test_every_preset_is_available_by_name(name):
-    assert policy_of({"scheduler": {"policy": name}}).name == name
+    assert policy_of({"scheduler": {"policy": name}}) == PolicyConfig.preset(name)
 
 
 @pytest.mark.parametrize("doc, key", [

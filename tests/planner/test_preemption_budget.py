@@ -1,11 +1,9 @@
-"""Preemption budgets: a per-job cap, LAS preempting once per level (las-budget), and the
-service order inside a LAS level."""
+"""Preemption budgets: a per-job cap, and LAS preempting once per level it reaches (las-budget)."""
 
 import pytest
-from planner_helpers import job, node, reason, running, snap, started
+from planner_helpers import job, node, reason, running, snap
 
 from scheduler.planner import PolicyConfig, plan
-from scheduler.planner.ordering import PendingOrder
 
 NODES = [node("n1"), node("n2")]
 HOUR = 3600.0
@@ -61,22 +59,6 @@ def test_las_budget_preset_never_preempts_a_job_under_its_first_level():
     assert [p.job_id for p in d.preempts] == [10]
 
 
-def test_service_order_inside_a_las_level_starts_the_shorter_new_job_first():
-    pending = [job(1, submit_time=0.0, predicted_runtime_s=7200.0),
-               job(2, submit_time=10.0, predicted_runtime_s=60.0),
-               job(3, submit_time=20.0, predicted_runtime_s=30.0, attained_gpu_s=5 * HOUR)]
-    s = snap([node("n1", 1)], pending)
-    assert started(plan(s, 100.0, PolicyConfig.preset("las"))) == [1]
-    service = PolicyConfig.preset("las", las_within_level="service")
-    assert started(plan(s, 100.0, service)) == [2]  # job 3 is one level down
-    # the kept order gives the same answer as a fresh sort
-    order = PendingOrder()
-    plan(s, 50.0, service, order)
-    assert started(plan(s, 100.0, service, order)) == [2]
-
-
 def test_bad_budget_settings_say_what_to_give():
     with pytest.raises(ValueError, match="max_preemptions_per_job: must be >= 0"):
         PolicyConfig.preset("las", max_preemptions_per_job=-1)
-    with pytest.raises(ValueError, match="las_within_level: unknown order 'sjf'"):
-        PolicyConfig.preset("las", las_within_level="sjf")

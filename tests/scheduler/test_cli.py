@@ -289,7 +289,7 @@ def test_tables_keep_squeues_columns_and_print_names_as_written(daemon):
     assert daemon.cli("teams", check=True).stdout.splitlines()[0].split() == [
         "TEAM", "COHORT", "GPUS", "NOMINAL", "BORROW", "LEND", "SHARES", "USAGE_GPU_H", "RUNNING", "PENDING"]
     assert daemon.cli("nodes", check=True).stdout.splitlines()[0].split() == [
-        "NAME", "STATE", "GPUS", "MODEL", "POOL", "ADDRESS", "FENCE", "REASON"]
+        "NAME", "STATE", "GPUS", "MODEL", "POOL", "ADDRESS", "FENCE", "RUNTIME", "REASON"]
     tokens = daemon.cli("token", "list", check=True).stdout.splitlines()
     assert tokens[0].split() == ["ID", "USER", "ROLE", "CREATED", "BY"] and len(tokens) >= 2
     daemon.cli("cancel", str(job["id"]), check=True)

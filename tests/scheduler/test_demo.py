@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -52,19 +53,24 @@ class Demo:
             return self.proc.wait()
 
 
-def processes_of(base: Path, argv: list[str]) -> list[int]:
-    """Live processes running `argv` that a node of the demo under `base` started."""
+def processes_of(base: Path, argv: list[str] | None = None) -> list[int]:
+    """Live processes (running `argv`, if given) that a node of the demo under `base` started:
+    agents, job steps, jobs."""
     marker = f"TRAINYARD_AGENT_DIR={base / 'demo' / 'nodes'}".encode()
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if f.read().split(b"\0")[:-1] != [a.encode() for a in argv]:
-                    continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue  # ended; its parent has yet to reap it
+            if argv is not None:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().split(b"\0")[:-1] != [a.encode() for a in argv]:
+                        continue
             with open(f"/proc/{pid}/environ", "rb") as f:
                 if any(e.startswith(marker) for e in f.read().split(b"\0")):
                     found.append(int(pid))
-        except OSError:
+        except (OSError, IndexError):
             continue
     return found
 
@@ -94,6 +100,32 @@ def test_an_idle_demo_runs_nothing_of_its_own(tmp_path):
         assert demo.json("jobs", "--all") == []
     finally:
         demo.stop()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest.mark.parametrize("how", ["quit", "SIGTERM"])
+def test_the_demo_in_its_tui_ends_its_jobs_when_it_stops(tmp_path, how):
+    socket = f"trainyard-demo-{tmp_path.name}"
+    tmux = [shutil.which("tmux"), "-f", "/dev/null", "-L", socket]
+    command = (f"cd {ROOT} && exec env -u COLUMNS -u LINES TERM=xterm-256color HOME={tmp_path} "
+               f"XDG_CONFIG_HOME={tmp_path / 'cfg'} {PY} -m scheduler.cli demo --nodes 1 "
+               f"--gpus-per-node 4 --dir {tmp_path / 'demo'}")
+    subprocess.run([*tmux, "new-session", "-d", "-s", "demo", "-x", "140", "-y", "36", command],
+                   check=True)
+    try:
+        demo = int(subprocess.run([*tmux, "list-panes", "-t", "demo", "-F", "#{pane_pid}"],
+                                  capture_output=True, text=True, check=True).stdout)
+        wait_for(lambda: "running" in subprocess.run(
+            [*tmux, "capture-pane", "-p", "-t", "demo"], capture_output=True, text=True).stdout
+            and len(processes_of(tmp_path)) > 1, 60, what="the TUI on a busy demo")
+        if how == "quit":
+            subprocess.run([*tmux, "send-keys", "-t", "demo", "q"], check=True)
+        else:
+            os.kill(demo, signal.SIGTERM)
+        wait_for(lambda: not Path(f"/proc/{demo}").exists(), 30, what="the demo to exit")
+        assert processes_of(tmp_path) == []
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
 
 
 # ------------------------------------------------------------------ the living demo

@@ -140,8 +140,12 @@ def test_constraint_places_the_job_on_matching_nodes(shared_cluster, c):
     job = json.loads(d.cli("submit", "--json", "--constraint", "rack=nowhere", "--", "true", check=True).stdout)
     assert job["constraint"] == {"rack": "nowhere"}
     reason = wait_for(lambda: c.job(job["id"])["reason"], 10, what="a pending reason")
-    assert reason in ("BadConstraints", "Resources")
+    assert reason == "BadConstraints"
+    shown = d.cli("job", str(job["id"]), check=True).stdout  # the reason, and why in words
+    assert "Reason: BadConstraints (no 1 schedulable node(s) with 0 GPUs match queue default's nodes, " \
+           "--gpu-type and --constraint)" in " ".join(shown.split())
     c.cancel(job["id"])
+    assert c.job(job["id"])["reason_detail"] is None  # words only while it waits
 
 
 def test_more_gpus_than_any_node_is_refused_and_nothing_is_queued(shared_cluster, c):

@@ -33,6 +33,8 @@ def test_a_full_spool_disk_is_a_cluster_problem_while_jobs_complete(daemon_facto
         wait_job(c, job["id"], "COMPLETED", timeout=30)  # the job does not wait for the daemon's disk
         problem = wait_for(lambda: c.cluster()["problems"], 20, what="the full disk shown")
         assert "cannot store jobs' output" in problem[0] and str(small) in problem[0]
+        status = d.cli("daemon", "--status").stdout  # what an operator checks first
+        assert "leader" in status and f"problem: {problem[0]}" in status
         subprocess.run(["mount", "-o", "remount,size=4m", str(small)], check=True)
         wait_for(lambda: not c.cluster()["problems"], 30, what="the problem cleared")
         wait_for(lambda: d.cli("logs", str(job["id"])).stdout.endswith("last line\n"), 30,

@@ -76,8 +76,8 @@ def running_job(d: DaemonProc, token: str, **extra) -> int:
 def test_a_terminal_runs_as_the_jobs_user_on_a_pts_with_the_jobs_environment(ptyd):
     d = ptyd
     job_id = running_job(d, d.bob)
-    with open_pty(d, job_id, d.bob, argv=["sh", "-c", "id -un; tty; echo job=$SLURM_JOB_ID; exit 7"],
-                  rows=33, cols=101) as ws:
+    script = "id -un; tty; echo job=$SLURM_JOB_ID; cat /proc/self/cgroup; exit 7"
+    with open_pty(d, job_id, d.bob, argv=["sh", "-c", script], rows=33, cols=101) as ws:
         out, end = read_until_exit(ws)
     lines = [line.strip() for line in out.splitlines()]
     account = ensure_job_account() or os.environ.get("USER") or ""
@@ -85,6 +85,8 @@ def test_a_terminal_runs_as_the_jobs_user_on_a_pts_with_the_jobs_environment(pty
     assert lines[1].startswith("/dev/pts/")
     assert f"job={job_id}" in lines
     assert end == {"exit": 7, "reason": ""}
+    if (d.client().node("pty-01").get("fencing") or {}).get("cgroup") == "v1":  # fenced: in the job's cgroups
+        assert any(line.endswith(f"/trainyard/pty-01/{job_id}.0") for line in lines if ":memory:" in line), out
     events = [e for e in d.client()._call("GET", "/v1/events", params={"limit": 500})
               if e["action"] == "job.pty" and e["target"] == str(job_id)]
     assert [(e["actor"], e["detail"]["node"], e["detail"]["rank"]) for e in events] == [("bob", "pty-01", 0)]

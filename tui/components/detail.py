@@ -260,6 +260,8 @@ class JobScreen(DetailScreen):
         state_line = fmt.job_state_text(job)
         if job.get("reason"):
             state_line.append(f"  {job['reason']}", style="yellow")
+        if job.get("reason_detail"):
+            state_line.append(f" ({job['reason_detail']})", style="yellow")
         if job.get("exit_code") is not None:
             state_line.append(f"  exit {job['exit_code']}")
         spec.add_row("state", state_line)

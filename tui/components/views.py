@@ -77,6 +77,8 @@ class ClusterHeader(Static):
         error = next(iter(state.errors.values()), None)
         if error:
             text.append(f"   {error}", style="red")
+        for problem in c.get("problems") or ():  # the daemon's own, e.g. job output it cannot store
+            text.append(f"\n ⚠ {problem}", style="bold red")
         self.update(text)
 
 
