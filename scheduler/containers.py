@@ -30,6 +30,11 @@ import subprocess
 import tempfile
 import time
 
+if __package__:
+    from .fencing import cgroup_mounts, own_cgroup_paths
+else:  # inside the agent's bundle on a node
+    from fencing import cgroup_mounts, own_cgroup_paths
+
 RUNTIMES = ("podman", "docker", "enroot")
 DEFAULT_PULL_TIMEOUT_S = 1800.0
 DEFAULT_HIGH_WATER_GB = 200.0
@@ -488,42 +493,6 @@ def write_env_file(path: str, env: dict) -> list:
     return skipped
 
 
-def _cgroup_mounts() -> dict:
-    """cgroup v1 controller -> its mount point, and "unified" -> the cgroup2 mount."""
-    out = {}
-    try:
-        with open("/proc/self/mountinfo") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        fields, rfields = left.split(), right.split()
-        if len(fields) < 5 or len(rfields) < 3:
-            continue
-        if rfields[0] == "cgroup2":
-            out.setdefault("unified", fields[4])
-        elif rfields[0] == "cgroup":
-            for c in rfields[2].split(","):
-                out.setdefault(c, fields[4])
-    return out
-
-
-def _own_cgroups() -> dict:
-    """controller -> this process's cgroup path in that hierarchy (from /proc/self/cgroup)."""
-    out = {}
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                _, ctrls, path = line.rstrip("\n").split(":", 2)
-                for c in ctrls.split(","):
-                    if c:
-                        out[c] = path
-    except (OSError, ValueError):
-        pass
-    return out
-
-
 def cgroup_parent(controller: str = "devices") -> str:
     """The container's parent cgroup, beside the job's own (`<job>.container`) and holding
     the job's limits, copied from the cgroups this process (the job step's child) has
@@ -534,7 +503,7 @@ def cgroup_parent(controller: str = "devices") -> str:
     container (run_argv then passes none), so that the parent still tells, after runc has
     removed the container's own cgroup, whether the memory limit was reached:
     container_state() reads it, remove_container() removes the parent."""
-    own, mounts = _own_cgroups(), _cgroup_mounts()
+    own, mounts = own_cgroup_paths(), cgroup_mounts()
     job = own.get(controller, "").rstrip("/")
     if "/trainyard/" not in job + "/" or "memory" not in mounts or "memory" not in own:
         return ""
@@ -584,7 +553,7 @@ def _made_here(parent: str) -> bool:
 
 def _limit_reached(parent: str) -> bool:
     """Whether the container's memory reached the job's limit, held by its parent cgroup."""
-    d = os.path.join(_cgroup_mounts().get("memory", "/nonexistent"), parent.lstrip("/"))
+    d = os.path.join(cgroup_mounts().get("memory", "/nonexistent"), parent.lstrip("/"))
     try:
         with open(os.path.join(d, "memory.limit_in_bytes")) as f:
             limit = int(f.read())
@@ -626,7 +595,7 @@ def remove_container(runtime: str, name: str) -> None:
         _quick([runtime, "rm", "--force", "--time", "0", name] if runtime == "podman"
                else [runtime, "rm", "--force", name], 60)
     if parent:  # with what the runtime left in it (podman's conmon cgroup)
-        for point in set(_cgroup_mounts().values()):
+        for point in set(cgroup_mounts().values()):
             top = os.path.join(point, parent.lstrip("/"))
             for d, _subdirs, _files in os.walk(top, topdown=False):
                 with contextlib.suppress(OSError):

@@ -172,11 +172,13 @@ def run_demo(nodes: int, gpus: int, tui: bool, listen: str, workdir: str | None,
 
     if tui and not until_ready:
         try:
-            from tui.app import run_tui
+            from tui.app import TrainyardApp
+            from tui.backend import HttpBackend
         except ImportError:
-            run_tui = None
-        if run_tui is not None:
-            _run_with_tui(main, ready, info, base, run_tui)
+            TrainyardApp = None  # noqa: N806 - the TUI is optional: run headless without it
+        if TrainyardApp is not None:
+            _run_with_tui(main, ready, info, base,
+                          lambda url, token: TrainyardApp(HttpBackend(url, token)))
             return
 
     async def headless():
@@ -206,11 +208,13 @@ def run_demo(nodes: int, gpus: int, tui: bool, listen: str, workdir: str | None,
     run(headless())
 
 
-def _run_with_tui(main, ready: threading.Event, info: dict, base: Path, run_tui) -> None:
-    """The cluster on a thread of its own, the TUI on this one; quitting the TUI or SIGTERM
-    stops the cluster and ends its jobs before the process exits."""
+def _run_with_tui(main, ready: threading.Event, info: dict, base: Path, make_app) -> None:
+    """The cluster on a thread of its own, the TUI on this one; quitting the TUI, SIGTERM or
+    SIGHUP stops the cluster and ends its jobs before the process exits."""
     loop = asyncio.new_event_loop()
     stop_holder: dict = {}
+    app = None
+    killed: list[int] = []
 
     def thread_main():
         asyncio.set_event_loop(loop)
@@ -227,20 +231,27 @@ def _run_with_tui(main, ready: threading.Event, info: dict, base: Path, run_tui)
         t.join(15)
 
     def on_signal(signum, frame):  # SIGTERM, or SIGHUP: the terminal went away
-        stop_cluster()
-        raise SystemExit(128 + signum)
+        killed.append(signum)
+        try:  # the TUI's loop runs on this thread: ask it to quit as `q` would
+            asyncio.get_running_loop().call_soon_threadsafe(app.exit, None, 128 + signum)
+        except (RuntimeError, AttributeError):  # no TUI running (yet, or any more)
+            stop_cluster()
+            raise SystemExit(128 + signum) from None
 
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS if sig != signal.SIGINT}
     t.start()
     try:
         if not ready.wait(30):
             raise click.ClickException("the demo cluster did not come up within 30 s")
-        run_tui(info["url"], info["token"])
+        app = make_app(info["url"], info["token"])
+        app.run()
     finally:
         stop_cluster()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     click.echo(f"demo stopped; its state is kept in {base}", err=True)
+    if killed:
+        raise SystemExit(128 + killed[0])
 
 
 def print_lines(info: dict, base: Path) -> None:

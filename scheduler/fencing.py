@@ -22,14 +22,17 @@ V1_CONTROLLERS = ("memory", "cpu", "pids", "devices", "freezer")
 CFS_PERIOD_US = 100_000
 DEFAULT_PIDS_MAX = 8192
 NVIDIA_MAJOR = 195
+# cgroup v1 mount options that name no hierarchy
+_MOUNT_OPTIONS = frozenset({"rw", "ro", "xattr", "noprefix", "clone_children", "cpuset_v2_mode"})
 
 
 class FencingError(Exception):
     """A job's cgroup could not be made; the message says which file refused what."""
 
 
-def _mounts() -> dict:
-    """cgroup v1 controller -> mount point, and "unified" -> the cgroup2 mount (if any)."""
+def cgroup_mounts() -> dict:
+    """cgroup v1 controller (and named hierarchy, `name=systemd`) -> its mount point, and
+    "unified" -> the cgroup2 mount (if any), from /proc/self/mountinfo."""
     out: dict = {}
     try:
         with open("/proc/self/mountinfo") as f:
@@ -46,13 +49,14 @@ def _mounts() -> dict:
             out.setdefault("unified", point)
         elif fstype == "cgroup":
             for c in opts:
-                if c in V1_CONTROLLERS:
+                if c not in _MOUNT_OPTIONS and ("=" not in c or c.startswith("name=")):
                     out.setdefault(c, point)
     return out
 
 
-def _own_paths() -> dict:
-    """controller -> this process's cgroup path in that hierarchy (from /proc/self/cgroup)."""
+def own_cgroup_paths() -> dict:
+    """controller -> this process's cgroup path in that hierarchy ("unified" for cgroup2),
+    from /proc/self/cgroup."""
     out = {}
     try:
         with open("/proc/self/cgroup") as f:
@@ -100,7 +104,7 @@ class Fencing:
         self.reason = "" if enabled else why_not
         if not enabled:
             return
-        mounts, own = _mounts(), _own_paths()
+        mounts, own = cgroup_mounts(), own_cgroup_paths()
         v1 = {c: mounts[c] for c in V1_CONTROLLERS if c in mounts}
         if v1:
             self.version = "v1"

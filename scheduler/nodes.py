@@ -30,6 +30,7 @@ from pathlib import Path
 
 import asyncssh
 
+from .containers import DEFAULT_HIGH_WATER_GB, DEFAULT_PULL_TIMEOUT_S
 from .protocol import PROTOCOL_VERSION
 
 log = logging.getLogger("trainyard.nodes")
@@ -112,6 +113,8 @@ class SshSettings:
     reconnect_max_backoff_s: float = 10.0
     telemetry_interval_s: float = 2.0
     connect_concurrency: int = 32  # nodes in the handshake at once (NodeLinks shares one limit)
+    pull_timeout_s: float = DEFAULT_PULL_TIMEOUT_S  # an image pull on a node, at most
+    image_cache_gb: float = DEFAULT_HIGH_WATER_GB  # a node's image cache, before LRU eviction
 
 
 def host_pattern(address: str, port: int) -> str:
@@ -186,13 +189,14 @@ async def connect(target: SshTarget, settings: SshSettings) -> asyncssh.SSHClien
         raise NodeError(describe(e)) from None
 
 
-def agent_argv(target: SshTarget, telemetry_s: float, bundle: str = "", directory: str = "") -> list:
+def agent_argv(target: SshTarget, settings: SshSettings, bundle: str = "", directory: str = "") -> list:
     """The command line that starts the agent on the node, in the target's privilege mode."""
     if target.privilege not in PRIVILEGES:
         raise NodeError(f"privilege {target.privilege!r} is not one of {', '.join(PRIVILEGES)}")
     options = ["--node", target.name, "--gpus", str(target.declared_gpus),
-               "--gpu-model", target.gpu_model, "--telemetry", f"{telemetry_s:g}",
-               "--min-uid", str(target.min_uid)]
+               "--gpu-model", target.gpu_model, "--telemetry", f"{settings.telemetry_interval_s:g}",
+               "--min-uid", str(target.min_uid), "--pull-timeout", f"{settings.pull_timeout_s:g}",
+               "--image-cache-gb", f"{settings.image_cache_gb:g}"]
     if target.privilege == "sudo":
         where = ["--dir", target.agent_dir] if target.agent_dir not in ("", ".trainyard") else []
         return ["sudo", "-n", SYSTEM_PYTHON, "-I", INSTALLED_AGENT, *options, *where]
@@ -217,7 +221,7 @@ async def probe(target: SshTarget, settings: SshSettings) -> str:
         if result.exit_status != 0:
             raise NodeError(one_line(result.stderr or f"python3 failed (exit {result.exit_status})"))
         if target.privilege == "sudo":
-            argv = agent_argv(target, settings.telemetry_interval_s)
+            argv = agent_argv(target, settings)
             allowed = await conn.run(" ".join(shlex.quote(a) for a in [*argv[:2], "-l", *argv[2:]]),
                                      timeout=15)
             if allowed.exit_status != 0:
@@ -413,7 +417,7 @@ class NodeLink:
 
     async def _start_installed_agent(self, conn: asyncssh.SSHClientConnection):
         """The sudo mode: start the root-owned agent the trainyard_node role installed."""
-        argv = agent_argv(self.target, self.settings.telemetry_interval_s)
+        argv = agent_argv(self.target, self.settings)
         try:
             proc, hello = await self._start(conn, argv)
         except NodeError as e:
@@ -431,7 +435,7 @@ class NodeLink:
 
     async def _start_agent(self, conn: asyncssh.SSHClientConnection, remote: str, directory: str):
         """Run the uploaded agent; returns (process, hello) or raises NodeError with the reason."""
-        return await self._start(conn, agent_argv(self.target, self.settings.telemetry_interval_s,
+        return await self._start(conn, agent_argv(self.target, self.settings,
                                                   remote, directory))
 
     async def _start(self, conn: asyncssh.SSHClientConnection, argv: list):

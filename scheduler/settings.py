@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from .containers import DEFAULT_HIGH_WATER_GB, DEFAULT_PULL_TIMEOUT_S
 from .health import ACTIONS, DRAIN_NODE, FATAL_XIDS, HealthRules
 from .planner.policy import ORDERS, PRESETS, QUEUEINGS, PolicyConfig, QueuePolicy, TeamQuota
 from .settings_messages import describe, short
@@ -276,6 +277,11 @@ class NodesSettings(_Table):
     # a TOML file, mode 0600: ["REGISTRY[:PORT]"] username = ..., password = ... — sent to a node
     # for an image pull only, never stored with jobs, events or logs
     registry_credentials: str = ""
+    # container images: a pull running longer than this fails its job (the agent's
+    # --pull-timeout); a node's image cache past this many GB evicts the least recently used
+    # images (--image-cache-gb)
+    pull_timeout: PositiveSeconds = DEFAULT_PULL_TIMEOUT_S
+    image_cache_gb: float = Field(DEFAULT_HIGH_WATER_GB, gt=0, le=1_000_000)
 
 
 BUCKET_URL = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(.*))?")

@@ -73,6 +73,7 @@ class Daemon:
             keepalive_interval_s=config.keepalive_interval_s, keepalive_count_max=config.keepalive_count_max,
             reconnect_max_backoff_s=config.reconnect_max_backoff_s, connect_concurrency=config.connect_concurrency,
             telemetry_interval_s=config.telemetry_interval_s,
+            pull_timeout_s=config.nodes.pull_timeout, image_cache_gb=config.nodes.image_cache_gb,
         )
         self.links = NodeLinks(settings, str(self.key_path), self.clock, self.on_agent_message,
                                self._on_link_problem, config.nodes.agent_dir, config.nodes.min_uid)

@@ -206,8 +206,6 @@ NOT_ACTED_ON = frozenset({
     "container-mount-home", "no-container-mount-home", "container-env", "container-remap-root",
     "module",
 })
-# pyxis's and shifter's container options that trainyard acts on, and what they need
-CONTAINER_OPTIONS = ("container-image", "image", "container-mounts", "container-workdir")
 # Options that only change what the submitting command does, not the job.
 CLIENT_ONLY = frozenset({"parsable", "wait", "verbose", "quiet", "test-only", "ignore-pbs", "wrap"})
 # Options Slurm reads but trainyard cannot honour at all: refused with the reason.

@@ -228,3 +228,27 @@ def test_a_job_is_configuring_with_the_pull_and_its_progress_as_reason(base, nod
     finally:
         d.stop()
         slow.stop()
+
+
+def test_the_daemons_pull_timeout_fails_a_job_whose_registry_hangs(base, node_factory, users, lab):  # noqa: F811
+    from tests.conftest import TEST_CONFIG, DaemonProc
+
+    where = base / "daemon-hanging"
+    where.mkdir(exist_ok=True)
+    d = DaemonProc(where)
+    d.config.write_text(TEST_CONFIG.format(grace=3.0) + '\n[users]\n"alice" = "alice"\n'
+                        '\n[nodes]\npull_timeout = 3\nimage_cache_gb = 50\n')
+    d.start()
+    try:
+        node = node_factory("h1", authorized=d.public_key, gpus=4)
+        use_podman_config(node, podman_config(node.dir / "podman", [lab["hanging"].address]))
+        add_node(d, node)
+        assert "cache limit 50.0 GB" in d.cli("node", "show", node.name, check=True).stdout
+        c = d.client()
+        image = f"{lab['hanging'].address}/stuck:1"
+        job = c.submit({"command": ["true"], "image": image, "gpus": 1})
+        failed = wait_job(c, job["id"], ("FAILED", "COMPLETED"), timeout=60)
+        assert failed["state"] == "FAILED"
+        assert f"pulling {image} on {node.name} timed out after 3 s" in failed["reason"], failed
+    finally:
+        d.stop()

@@ -1,11 +1,12 @@
-"""Image references and container mounts as users write them (docker, podman, pyxis/enroot), and
-the errors for the ones that no runtime would take."""
+"""Image references and container mounts as users write them (docker, podman, pyxis/enroot,
+`#SBATCH` lines of pyxis and shifter), and the errors for the ones that no runtime would take."""
 
 from __future__ import annotations
 
 import pytest
 
 from scheduler.containers import ContainerError, parse_image, parse_mounts
+from scheduler.slurm.sbatch import SbatchError, parse
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -51,3 +52,40 @@ def test_container_mounts_in_pyxis_spelling():
 def test_a_mount_that_does_not_parse_is_named(text, words):
     with pytest.raises(ContainerError, match=words.replace("[", r"\[").replace("]", r"\]")):
         parse_mounts(text)
+
+
+def sbatch(*lines: str):
+    return parse("#!/bin/sh\n" + "".join(f"#SBATCH {line}\n" for line in lines) + "hostname\n",
+                 submit_dir="/tmp", submit_host="login")
+
+
+def test_pyxis_sbatch_lines_become_the_jobs_container():
+    spec = sbatch("--container-image=nvcr.io#nvidia/pytorch:24.01-py3",
+                  "--container-mounts=/data:/data:ro,/scratch", "--container-workdir=/workspace",
+                  "--container-name=keep")
+    body = spec.to_submit_body("x")
+    assert (body["image"], body["container_mounts"], body["container_workdir"]) == (
+        "nvcr.io#nvidia/pytorch:24.01-py3", ["/data:/data:ro", "/scratch"], "/workspace")
+    assert spec.warning() == "sbatch: warning: recorded but not acted on by trainyard: --container-name"
+
+
+def test_shifters_image_line_names_the_image_without_its_type():
+    assert sbatch("--image=docker:nvcr.io/nvidia/pytorch:24.01-py3").to_submit_body("x")[
+        "image"] == "nvcr.io/nvidia/pytorch:24.01-py3"
+    assert "image" not in sbatch("--gpus=1").to_submit_body("x")
+
+
+@pytest.mark.parametrize("lines, words", [
+    (["--container-image=Not/Valid"], "script line 2: #SBATCH --container-image=Not/Valid: "
+                                      "--container-image=Not/Valid: image 'Not/Valid' is not a "
+                                      "valid image reference"),
+    (["--container-image=tiny:1", "--container-mounts=data:/data"], "'data' is not an absolute path"),
+    (["--container-image=tiny:1", "--container-workdir=work"], "give an absolute path inside"),
+    (["--container-mounts=/data"], "--container-mounts needs an image to run in; add "
+                                   "#SBATCH --container-image=IMAGE"),
+    (["--container-image=tiny:1", "--image=docker:tiny:2"], "two different images; give one"),
+])
+def test_container_lines_that_cannot_run_are_refused_at_their_line(lines, words):
+    with pytest.raises(SbatchError) as e:
+        sbatch(*lines)
+    assert words in str(e.value)
