@@ -143,17 +143,87 @@ def _version(binary: str, argv: list) -> str:
     return m.group(0) if m else r.stdout.strip()[:40]
 
 
-def cdi_gpus(dirs=CDI_DIRS) -> bool:
-    """Whether the node has a CDI spec for NVIDIA GPUs (the NVIDIA Container Toolkit's)."""
+def _cdi_devices_json(spec: dict) -> list:
+    """(name, [device node paths]) of each device in a parsed CDI spec."""
+    out = []
+    for dev in spec.get("devices") or []:
+        nodes = ((dev or {}).get("containerEdits") or {}).get("deviceNodes") or []
+        out.append((str(dev.get("name", "")),
+                    [n.get("hostPath") or n.get("path") or "" for n in nodes if isinstance(n, dict)]))
+    return out
+
+
+def _cdi_devices_yaml(text: str) -> list:
+    """(name, [device node paths]) of each device under `devices:` in a CDI spec written as
+    YAML (the NVIDIA Container Toolkit's block style; the agent has no YAML library)."""
+    out, item, in_devices, item_indent = [], None, False, -1
+    for line in text.splitlines():
+        body = line.split(" #", 1)[0].rstrip()
+        if not body.strip() or body.lstrip().startswith("#"):
+            continue
+        indent = len(body) - len(body.lstrip())
+        if indent == 0 and not body.startswith("-"):
+            in_devices = body.startswith("devices:")
+            continue
+        if not in_devices:
+            continue
+        stripped = body.lstrip()
+        if stripped.startswith("- ") and (item is None or indent <= item_indent):
+            item_indent, item = indent, {"name": "", "paths": []}
+            out.append(item)
+            stripped = stripped[2:].lstrip()
+            indent += 2
+        if item is None:
+            continue
+        key, _, value = stripped.lstrip("- ").partition(":")
+        value = value.strip().strip("\"'")
+        if key == "name" and indent == item_indent + 2:
+            item["name"] = value
+        elif key in ("path", "hostPath") and value.startswith("/dev/"):
+            item["paths"].append(value)
+    return [(i["name"], i["paths"]) for i in out]
+
+
+def cdi_spec(dirs=CDI_DIRS) -> dict:
+    """The node's CDI spec for NVIDIA GPUs (the NVIDIA Container Toolkit writes one with
+    `nvidia-ctk cdi generate`): {"spec": its path, "devices": {"/dev/nvidiaN": CDI name}},
+    the name of the device that holds exactly that one GPU node (index names before UUIDs,
+    whole GPUs before MIG slices); {} where the node has none, or none that names a GPU."""
     for d in dirs:
-        for path in glob.glob(os.path.join(d, "*.yaml")) + glob.glob(os.path.join(d, "*.json")):
+        for path in sorted(glob.glob(os.path.join(d, "*.yaml"))
+                           + glob.glob(os.path.join(d, "*.json"))):
             try:
                 with open(path) as f:
-                    if "nvidia.com/gpu" in f.read(65536):
-                        return True
+                    text = f.read(4 * 2**20)
             except OSError:
                 continue
-    return False
+            if text.lstrip().startswith("{"):
+                try:
+                    spec = json.loads(text)
+                except ValueError:
+                    continue
+                kind, devices = spec.get("kind", ""), _cdi_devices_json(spec)
+            else:
+                m = re.search(r"^kind:\s*[\"']?([^\s\"']+)", text, re.M)
+                kind, devices = (m.group(1) if m else ""), _cdi_devices_yaml(text)
+            if kind != "nvidia.com/gpu":
+                continue
+            found = {}
+            for name, paths in devices:
+                gpus = [p for p in paths if re.fullmatch(r"/dev/nvidia\d+", p)]
+                if name and len(gpus) == 1:
+                    found.setdefault(gpus[0], []).append(name)
+            if found:
+                pick = {dev: min(names, key=lambda n: (":" in n, not n.isdigit(), len(n), n))
+                        for dev, names in found.items()}
+                return {"spec": path,
+                        "devices": {dev: f"{kind}={name}" for dev, name in sorted(pick.items())}}
+    return {}
+
+
+def cdi_gpus(dirs=CDI_DIRS) -> bool:
+    """Whether the node has a CDI spec that names its NVIDIA GPUs."""
+    return bool(cdi_spec(dirs))
 
 
 def detect(prefer: str = "") -> dict:
@@ -178,7 +248,10 @@ def detect(prefer: str = "") -> dict:
     reason = "" if runtime else (
         "no container runtime on this node (install podman, docker or enroot)"
         + (f"; {'; '.join(notes)}" if notes else ""))
-    return {"runtime": runtime, "runtimes": found, "cdi": cdi_gpus(), "reason": reason}
+    cdi = cdi_spec()
+    return {"runtime": runtime, "runtimes": found, "cdi": bool(cdi),
+            "cdi_spec": cdi.get("spec", ""), "cdi_devices": cdi.get("devices", {}),
+            "reason": reason}
 
 
 def runtime_word(agent_info) -> str:
@@ -434,15 +507,18 @@ def evict(runtime: str, cache: ImageCache, in_use=()) -> list:
 
 # ---------------------------------------------------------------- the run command
 
-def gpu_devices(gpus: list, dev: str = "/dev", cdi: bool = False) -> list:
-    """The device arguments for exactly these GPUs: CDI names where the node has a CDI spec,
+def gpu_devices(gpus: list, dev: str = "/dev", cdi=False) -> list:
+    """The device arguments for exactly these GPUs: their CDI names where the node's CDI spec
+    names every one of them (`cdi` true: read the node's spec; or a {"/dev/nvidiaN": name} map),
     else /dev/nvidiaN and the control devices that exist."""
-    if cdi:
-        return [f"nvidia.com/gpu={int(g)}" for g in gpus]
-    out = [os.path.join(dev, f"nvidia{int(g)}") for g in gpus]
+    nodes = [os.path.join(dev, f"nvidia{int(g)}") for g in gpus]
+    if cdi and gpus:
+        names = cdi if isinstance(cdi, dict) else cdi_spec().get("devices", {})
+        if all(n in names for n in nodes):
+            return [names[n] for n in nodes]
     if gpus:
-        out += [p for p in (os.path.join(dev, c) for c in CONTROL_DEVICES) if os.path.exists(p)]
-    return out
+        nodes += [p for p in (os.path.join(dev, c) for c in CONTROL_DEVICES) if os.path.exists(p)]
+    return nodes
 
 
 def run_argv(runtime: str, *, image_id: str, name: str, argv: list, devices: list,

@@ -265,7 +265,21 @@ def queue_cells(queue: dict) -> tuple:
         num(queue.get("running"), "{}"),
         bar(used, quota) if quota else Text(f"{num(used, '{}')}/∞"),
         num(share, "{:.2f}"),
+        Text(queue.get("pending_reasons") or "-", style="yellow"),
     )
+
+
+def pending_reasons(jobs: list[dict], top: int = 3) -> dict[str, str]:
+    """Per queue, its pending jobs' most frequent reasons (of the jobs shown), e.g.
+    `Resources 12, AssocGrpGRES 3`: why a queue waits, at a glance."""
+    counts: dict[str, dict[str, int]] = {}
+    for j in jobs:
+        if j.get("state") == "PENDING":
+            by = counts.setdefault(j.get("queue") or "?", {})
+            reason = j.get("reason") or "None"
+            by[reason] = by.get(reason, 0) + 1
+    return {q: ", ".join(f"{r} {n}" for r, n in sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))[:top])
+            for q, by in counts.items()}
 
 
 def quota_bar(used: int | None, nominal: int | None, width: int = 8) -> Text:

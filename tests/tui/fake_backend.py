@@ -45,6 +45,7 @@ class FakeBackend:
         self.slurm_states = slurm_states
         self.role = role
         self.name = name
+        self.problems: list[str] = []  # the daemon's own (GET /v1/cluster "problems")
         self.up = True
         self.tick = 0
         self._lock = threading.Lock()
@@ -158,6 +159,7 @@ class FakeBackend:
                 "gpus_used": sum(n["gpus_used"] for n in nodes),
                 "jobs_running": sum(1 for j in jobs if j["state"] in LAUNCHED),
                 "jobs_pending": sum(1 for j in jobs if j["state"] in ("PENDING", "HELD")),
+                "problems": list(self.problems),
             }
 
     def nodes(self) -> list[dict]:

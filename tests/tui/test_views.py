@@ -391,3 +391,31 @@ async def test_rows_off_screen_show_their_change_when_scrolled_to():
         await pilot.pause()
         line = next(ln for ln in screen_text(app).splitlines() if "gpu-0149" in ln)
         assert "DRAINED" in line and "off-screen fault" in line
+
+
+async def test_header_shows_the_daemons_own_problems(backend):
+    backend.problems = ["cannot store jobs' output under /var/lib/trainyard/logs: No space left on device"]
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        assert "⚠ cannot store jobs' output under /var/lib/trainyard/logs" in screen_text(app)
+
+
+async def test_queues_view_says_why_each_queue_waits(backend):
+    pending = [j for j in backend.jobs(all=True) if j["state"] == "PENDING"]
+    assert pending  # the fake cluster has waiting jobs
+    for j in pending:
+        backend._jobs[j["id"]]["reason"] = "AssocGrpGRES"
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("colon")
+        await pilot.press(*"queues")
+        await pilot.press("enter")
+        await settle(pilot)
+        text = screen_text(app)
+        assert "WHY PENDING" in text
+        queue = pending[0]["queue"]
+        mine = sum(1 for j in pending if j["queue"] == queue)
+        row = next(line for line in text.splitlines() if f" {queue} " in line)
+        assert f"AssocGrpGRES {mine}" in row

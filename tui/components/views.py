@@ -63,6 +63,8 @@ class ClusterHeader(Static):
                             style="green")
             else:
                 text.append(f" ◌ stale {fmt.duration(age)} ", style="bold red")
+        for problem in c.get("problems") or ():  # the daemon's own, e.g. job output it cannot store
+            text.append(f"  ⚠ {problem}", style="bold red")
         text.append("\n")
         text.append(" nodes ", style="dim")
         text.append(f"{c.get('nodes_up', '-')}/{c.get('nodes_total', '-')} up")
@@ -77,8 +79,6 @@ class ClusterHeader(Static):
         error = next(iter(state.errors.values()), None)
         if error:
             text.append(f"   {error}", style="red")
-        for problem in c.get("problems") or ():  # the daemon's own, e.g. job output it cannot store
-            text.append(f"\n ⚠ {problem}", style="bold red")
         self.update(text)
 
 
@@ -234,7 +234,7 @@ class QueuesView(ResourceView):
 
     KIND = "queues"
     COLUMNS = [("QUEUE", 14), ("STATE", 8), ("PRIORITY", 8), ("PENDING", 8), ("RUNNING", 8),
-               ("GPUS / QUOTA", 16), ("FAIR SHARE", 10)]
+               ("GPUS / QUOTA", 16), ("FAIR SHARE", 10), ("WHY PENDING", 30)]
     TEAM_COLUMNS = [("TEAM", 14), ("COHORT", 10), ("GPUS / QUOTA", 18), ("BORROW", 6),
                     ("LEND", 6), ("SHARES", 6), ("USAGE GPU-H", 11), ("RUNNING", 7),
                     ("PENDING", 7)]
@@ -254,7 +254,9 @@ class QueuesView(ResourceView):
         return self.query_one("#teams-table", KeyedTable)
 
     def items(self, state: ClusterState) -> dict[str, Any]:
-        return {q["name"]: q for q in state.queues if q.get("name")}
+        reasons = fmt.pending_reasons(state.jobs)
+        return {q["name"]: {**q, "pending_reasons": reasons.get(q["name"], "")}
+                for q in state.queues if q.get("name")}
 
     def cells(self, item: Any, now: float) -> tuple:
         return fmt.queue_cells(item)
