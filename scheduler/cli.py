@@ -722,6 +722,11 @@ def node_show(name, as_json):
         table(["IMAGE", "DIGEST", "SIZE", "USED"], rows) if rows else click.echo("    none cached")
     else:
         click.echo("  images: no container runtime on this node")
+    cont = (n.get("agent") or {}).get("containers") or {}
+    if cont.get("runtime"):
+        how = (f"by CDI name ({cont.get('cdi_spec')})" if cont.get("cdi")
+               else "by device node" + (f" ({cont['cdi_note']})" if cont.get("cdi_note") else ""))
+        click.echo(f"  GPUs to containers: {how}")
 
 
 def _size(n) -> str:

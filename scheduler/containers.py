@@ -9,9 +9,10 @@ cache passes its high-water mark. Registry credentials reach the runtime in a pr
 file that exists only while the pull runs: never on a command line, in a job's spec or its log.
 
 The container of a job gets exactly its allocated /dev/nvidiaN (or the CDI names of those
-GPUs), the control devices, the job's environment, mounts and user, and the job's limits on a
-parent cgroup beside the job's (runc cannot nest under a cgroup that denies devices, nor run
-without cgroups), which also tells an OOM kill that the runtime missed: see docs/containers.md.
+GPUs, where the node's NVIDIA CDI spec names them and its runtime reads it), the control
+devices, the job's environment, mounts and user, and the job's limits on a parent cgroup
+beside the job's (runc cannot nest under a cgroup that denies devices, nor run without
+cgroups), which also tells an OOM kill that the runtime missed: see docs/containers.md.
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ def _cdi_devices_json(spec: dict) -> list:
     for dev in spec.get("devices") or []:
         nodes = ((dev or {}).get("containerEdits") or {}).get("deviceNodes") or []
         out.append((str(dev.get("name", "")),
-                    [n.get("hostPath") or n.get("path") or "" for n in nodes if isinstance(n, dict)]))
+                    [n.get("hostPath") or n.get("path") or ""
+                     for n in nodes if isinstance(n, dict)]))
     return out
 
 
@@ -186,9 +188,10 @@ def _cdi_devices_yaml(text: str) -> list:
 
 def cdi_spec(dirs=CDI_DIRS) -> dict:
     """The node's CDI spec for NVIDIA GPUs (the NVIDIA Container Toolkit writes one with
-    `nvidia-ctk cdi generate`): {"spec": its path, "devices": {"/dev/nvidiaN": CDI name}},
-    the name of the device that holds exactly that one GPU node (index names before UUIDs,
-    whole GPUs before MIG slices); {} where the node has none, or none that names a GPU."""
+    `nvidia-ctk cdi generate`): {"spec": its path, "version": its cdiVersion, "devices":
+    {"/dev/nvidiaN": CDI name}}, the name of the device that holds exactly that one GPU node
+    (index names before UUIDs, whole GPUs before MIG slices); {} where the node has none, or
+    none that names a GPU."""
     for d in dirs:
         for path in sorted(glob.glob(os.path.join(d, "*.yaml"))
                            + glob.glob(os.path.join(d, "*.json"))):
@@ -203,9 +206,12 @@ def cdi_spec(dirs=CDI_DIRS) -> dict:
                 except ValueError:
                     continue
                 kind, devices = spec.get("kind", ""), _cdi_devices_json(spec)
+                version = str(spec.get("cdiVersion", ""))
             else:
                 m = re.search(r"^kind:\s*[\"']?([^\s\"']+)", text, re.M)
                 kind, devices = (m.group(1) if m else ""), _cdi_devices_yaml(text)
+                v = re.search(r"^cdiVersion:\s*[\"']?([^\s\"']+)", text, re.M)
+                version = v.group(1) if v else ""
             if kind != "nvidia.com/gpu":
                 continue
             found = {}
@@ -216,7 +222,7 @@ def cdi_spec(dirs=CDI_DIRS) -> dict:
             if found:
                 pick = {dev: min(names, key=lambda n: (":" in n, not n.isdigit(), len(n), n))
                         for dev, names in found.items()}
-                return {"spec": path,
+                return {"spec": path, "version": version,
                         "devices": {dev: f"{kind}={name}" for dev, name in sorted(pick.items())}}
     return {}
 
@@ -224,6 +230,44 @@ def cdi_spec(dirs=CDI_DIRS) -> dict:
 def cdi_gpus(dirs=CDI_DIRS) -> bool:
     """Whether the node has a CDI spec that names its NVIDIA GPUs."""
     return bool(cdi_spec(dirs))
+
+
+def version_tuple(text: str) -> tuple:
+    """A version's first three numbers, for comparing (`4.3.1` -> (4, 3, 1))."""
+    return tuple(int(x) for x in re.findall(r"\d+", text or "")[:3])
+
+
+def cdi_refusal(runtime: str, runtime_version: str, spec: dict) -> str:
+    """Why this runtime cannot take GPUs by the names of this CDI spec, in words; "" when it
+    can. Podman before 4.7 reads specs up to cdiVersion 0.5.0 and answers "unresolvable CDI
+    devices" for a newer one (checked with podman 4.3.1); docker has CDI from 25 on."""
+    spec_version, have = spec.get("version", ""), version_tuple(runtime_version)
+    if runtime == "podman" and have and have < (4, 7) \
+            and version_tuple(spec_version) > (0, 5, 0):
+        return (f"podman {runtime_version} reads CDI specs up to cdiVersion 0.5.0 and "
+                f"{spec['spec']} is {spec_version} (podman would answer \"unresolvable CDI "
+                "devices\"); regenerate the spec for this podman or update podman")
+    if runtime == "docker" and have and have < (25,):
+        return (f"docker {runtime_version} does not take CDI names (docker 25 or later with "
+                "the daemon's cdi feature does)")
+    if runtime not in ("podman", "docker"):
+        return f"{runtime or 'no runtime'} does not take CDI names here"
+    return ""
+
+
+def _cdi_for(runtime: str, runtime_version: str, spec: dict) -> dict:
+    """hello's CDI fields: whether jobs get GPUs by CDI name, the spec, its names, and in
+    words why not, or which GPUs of this node the spec does not name."""
+    if not spec:
+        return {"cdi": False, "cdi_spec": "", "cdi_devices": {}, "cdi_note": ""}
+    refusal = cdi_refusal(runtime, runtime_version, spec)
+    present = sorted(glob.glob("/dev/nvidia[0-9]*"))
+    missing = [p for p in present if p not in spec["devices"]]
+    note = (f"GPUs go to containers by device node: {refusal}" if refusal else
+            f"{spec['spec']} does not name {', '.join(missing)}: jobs with those GPUs get them "
+            "by device node (regenerate it: nvidia-ctk cdi generate)" if missing else "")
+    return {"cdi": not refusal, "cdi_spec": spec["spec"], "cdi_devices": spec["devices"],
+            "cdi_note": note}
 
 
 def detect(prefer: str = "") -> dict:
@@ -248,10 +292,9 @@ def detect(prefer: str = "") -> dict:
     reason = "" if runtime else (
         "no container runtime on this node (install podman, docker or enroot)"
         + (f"; {'; '.join(notes)}" if notes else ""))
-    cdi = cdi_spec()
-    return {"runtime": runtime, "runtimes": found, "cdi": bool(cdi),
-            "cdi_spec": cdi.get("spec", ""), "cdi_devices": cdi.get("devices", {}),
-            "reason": reason}
+    version = found.get(runtime, {}).get("version", "")
+    return {"runtime": runtime, "runtimes": found, "reason": reason,
+            **_cdi_for(runtime, version, cdi_spec() if runtime else {})}
 
 
 def runtime_word(agent_info) -> str:

@@ -236,7 +236,8 @@ class Hello:
     min_uid: int = 1000
     fencing: dict[str, Any] = field(default_factory=dict)
     # {"runtime": "podman"|"docker"|"enroot"|"", "runtimes": {name: {"path", "version"}},
-    #  "cdi": bool, "reason": why no runtime}
+    #  "cdi": bool, "cdi_spec": path, "cdi_devices": {"/dev/nvidiaN": CDI name},
+    #  "cdi_note": why not by CDI / GPUs the spec leaves out, "reason": why no runtime}
     containers: dict[str, Any] = field(default_factory=dict)
 
 

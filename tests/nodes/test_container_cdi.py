@@ -13,7 +13,6 @@ an upper layer of its own, so neither the machine nor other tests' nodes see it.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -45,7 +44,7 @@ def toolkit_spec(gpus: int = GPUS, index_of=lambda minor: GPUS - 1 - minor) -> s
 def test_each_gpu_gets_the_cdi_name_of_the_device_that_holds_its_node(tmp_path):
     (tmp_path / "nvidia.yaml").write_text(toolkit_spec())
     found = containers.cdi_spec([str(tmp_path)])
-    assert found == {"spec": str(tmp_path / "nvidia.yaml"), "devices": {
+    assert found == {"spec": str(tmp_path / "nvidia.yaml"), "version": "0.5.0", "devices": {
         "/dev/nvidia0": "nvidia.com/gpu=3", "/dev/nvidia1": "nvidia.com/gpu=2",
         "/dev/nvidia2": "nvidia.com/gpu=1", "/dev/nvidia3": "nvidia.com/gpu=0"}}
     assert containers.gpu_devices([0, 2], cdi=found["devices"]) == [
@@ -76,34 +75,60 @@ def test_gpus_the_spec_does_not_name_go_by_device_node(tmp_path):
         str(dev / "nvidia1"), str(dev / "nvidia3"), str(dev / "nvidiactl")]
 
 
+def test_a_runtime_that_cannot_read_the_spec_is_told_apart():
+    spec = {"spec": "/etc/cdi/nvidia.yaml", "version": "0.6.0", "devices": {}}
+    assert containers.cdi_refusal("podman", "4.3.1", {**spec, "version": "0.5.0"}) == ""
+    assert containers.cdi_refusal("podman", "4.9.3", spec) == ""
+    assert containers.cdi_refusal("podman", "4.3.1", spec).startswith(
+        "podman 4.3.1 reads CDI specs up to cdiVersion 0.5.0 and /etc/cdi/nvidia.yaml is 0.6.0")
+    assert containers.cdi_refusal("docker", "20.10.24", spec).startswith(
+        "docker 20.10.24 does not take CDI names")
+
+
 # ---------------------------------------------------------------- a node with a CDI spec
+
+def cdi_node_setup(base: Path, spec_text: str) -> str:
+    """Shell for a node's namespace: its own /run (an overlay whose upper layer is its own),
+    with the spec in /var/run/cdi, seen by nothing outside the node."""
+    spec = base / "nvidia.yaml"
+    spec.write_text(spec_text)
+    run = base / "cdi-run"
+    return (f"mkdir -p {run}/upper {run}/work\n"
+            f"mount -t overlay overlay -o lowerdir=/run,upperdir={run}/upper,"
+            f"workdir={run}/work /run\n"
+            f"mkdir -p /run/cdi && cp {spec} /run/cdi/nvidia.yaml")
+
 
 @pytest.fixture
 def cdi_cluster(base, node_factory, users, lab):  # noqa: F811
-    """A daemon and one 4-GPU podman node whose /var/run/cdi holds the toolkit's spec."""
-    spec = base / "nvidia.yaml"
-    spec.write_text(toolkit_spec())
-    run = base / "cdi-run"  # the node's own /run: an overlay, upper layer here
-    setup = (f"mkdir -p {run}/upper {run}/work\n"
-             f"mount -t overlay overlay -o lowerdir=/run,upperdir={run}/upper,"
-             f"workdir={run}/work /run\n"
-             f"mkdir -p /run/cdi && cp {spec} /run/cdi/nvidia.yaml")
-    d = start_daemon(base, {"alice": "alice"})
-    node = node_factory("cdi1", authorized=d.public_key, gpus=GPUS, setup=setup)
-    use_podman_config(node, podman_config(node.dir / "podman", [lab["open"].address]))
-    add_node(d, node)
-    yield d, node
-    d.stop()
+    """A daemon and one 4-GPU podman node whose /var/run/cdi holds a spec (the toolkit's by
+    default, or the text given)."""
+    made = []
+
+    def make(spec_text: str = ""):
+        d = start_daemon(base, {"alice": "alice"})
+        made.append(d)
+        node = node_factory("cdi1", authorized=d.public_key, gpus=GPUS,
+                            setup=cdi_node_setup(base, spec_text or toolkit_spec()))
+        use_podman_config(node, podman_config(node.dir / "podman", [lab["open"].address]))
+        add_node(d, node)
+        return d, node
+
+    yield make
+    for d in made:
+        d.stop()
 
 
 def test_the_node_reports_its_cdi_spec(cdi_cluster):
-    d, node = cdi_cluster
+    d, node = cdi_cluster()
     assert not Path("/run/cdi").exists(), "the spec leaked out of the node's /run"
     shown = json.loads(d.cli("node", "show", node.name, "--json", check=True).stdout)
     found = shown["agent"]["containers"]
     assert found["runtime"] == "podman" and found["cdi"] is True
     assert found["cdi_spec"] == "/var/run/cdi/nvidia.yaml"
     assert found["cdi_devices"]["/dev/nvidia0"] == "nvidia.com/gpu=3"
+    text = d.cli("node", "show", node.name, check=True).stdout  # what an operator reads
+    assert "GPUs to containers: by CDI name (/var/run/cdi/nvidia.yaml)" in text
 
 
 def containers_on(node) -> dict[str, dict]:
@@ -128,8 +153,10 @@ def requested(argv: list[str]) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--device"]
 
 
-def test_two_jobs_get_their_gpus_by_cdi_name_and_see_only_their_own(cdi_cluster, base, lab):  # noqa: F811
-    d, node = cdi_cluster
+def run_two_jobs(d, node, base, lab) -> dict[int, dict]:  # noqa: F811
+    """Two 2-GPU jobs of alice's at once on the 4-GPU node; for each job id, its GPUs, the
+    devices podman was asked for (`--device`), the host devices it set up, and what the job
+    saw in its /dev. Both are still running while podman is asked."""
     gate = base / "gate"  # the jobs wait for `release` here while the test looks at them
     gate.mkdir(mode=0o755)
     c = d.client(d.client().create_token("alice", "user")["token"])
@@ -138,22 +165,45 @@ def test_two_jobs_get_their_gpus_by_cdi_name_and_see_only_their_own(cdi_cluster,
     jobs = [c.submit({"command": ["sh", "-c", script], "image": lab["image"], "gpus": 2,
                       "container_mounts": [f"{gate}:/gate:ro"]}) for _ in range(2)]
     running = [wait_job(c, j["id"], "RUNNING", timeout=120) for j in jobs]
-    gpus = {j["id"]: j["allocation"][0]["gpus"] for j in running}
-    assert sorted(gpus[jobs[0]["id"]] + gpus[jobs[1]["id"]]) == [0, 1, 2, 3]
-
     seen = wait_for(lambda: len(s := containers_on(node)) == 2 and s, 60,
                     what="both jobs' containers running")
-    spec_names = {m: f"nvidia.com/gpu={GPUS - 1 - m}" for m in range(GPUS)}
-    for job in jobs:
-        mine = gpus[job["id"]]
+    out = {}
+    for job in running:
         (name,) = [n for n in seen if n.startswith(f"trainyard-{job['id']}.")]
-        assert requested(seen[name]["argv"]) == [spec_names[g] for g in mine]
-        assert seen[name]["devices"] == sorted([f"/dev/nvidia{g}" for g in mine]
-                                               + ["/dev/nvidiactl"])
         inside = wait_for(lambda j=job: listing(c.log(j["id"])[0]), 30, what="the job's listing")
-        assert inside.split() == [f"nvidia{g}" for g in sorted(mine)] + ["nvidiactl"]
-
+        out[job["id"]] = {"gpus": job["allocation"][0]["gpus"], "inside": inside.split(),
+                          "requested": requested(seen[name]["argv"]),
+                          "devices": seen[name]["devices"]}
     (gate / "release").touch()
     for job in jobs:
         assert wait_job(c, job["id"], ("COMPLETED", "FAILED"), timeout=60)["state"] == "COMPLETED"
-    assert os.listdir(gate) == ["release"]
+    assert sorted(g for j in out.values() for g in j["gpus"]) == [0, 1, 2, 3]
+    return out
+
+
+def test_two_jobs_get_their_gpus_by_cdi_name_and_see_only_their_own(
+        cdi_cluster, base, lab):  # noqa: F811
+    d, node = cdi_cluster()
+    spec_names = {m: f"nvidia.com/gpu={GPUS - 1 - m}" for m in range(GPUS)}
+    for job in run_two_jobs(d, node, base, lab).values():
+        mine = job["gpus"]
+        assert job["requested"] == [spec_names[g] for g in mine]
+        assert job["devices"] == sorted([f"/dev/nvidia{g}" for g in mine] + ["/dev/nvidiactl"])
+        assert job["inside"] == [f"nvidia{g}" for g in sorted(mine)] + ["nvidiactl"]
+
+
+def test_a_spec_newer_than_podman_reads_falls_back_to_device_nodes(
+        cdi_cluster, base, lab):  # noqa: F811
+    d, node = cdi_cluster(toolkit_spec().replace("cdiVersion: 0.5.0", "cdiVersion: 0.6.0"))
+    found = d.client().node(node.name)["agent"]["containers"]
+    version = found["runtimes"]["podman"]["version"]
+    if containers.version_tuple(version) >= (4, 7):
+        pytest.skip(f"podman {version} reads cdiVersion 0.6.0; the fallback is for podman < 4.7")
+    assert found["cdi"] is False and found["cdi_spec"] == "/var/run/cdi/nvidia.yaml"
+    assert found["cdi_note"].startswith(
+        f"GPUs go to containers by device node: podman {version} reads CDI specs up to "
+        "cdiVersion 0.5.0 and /var/run/cdi/nvidia.yaml is 0.6.0")
+    for job in run_two_jobs(d, node, base, lab).values():
+        mine = [f"/dev/nvidia{g}" for g in job["gpus"]]
+        assert job["requested"] == mine + ["/dev/nvidiactl"]
+        assert job["inside"] == [f"nvidia{g}" for g in sorted(job["gpus"])] + ["nvidiactl"]
