@@ -159,6 +159,8 @@ class SchedulerSettings(_Table):
     queueing: str | None = None
     preemption: bool | None = None
     max_preemptors_per_pass: int | None = Field(None, ge=0, le=1_000_000)
+    max_preemptions_per_job: int | None = Field(None, ge=0, le=1_000_000)  # a job is then left to run
+    las_preempt_once_per_level: bool | None = None  # las: at most one preemption per level reached
     queue_depth: int | None = Field(None, ge=1, le=1_000_000)  # jobs tried per queue per pass
     grace_period: Seconds | None = None
     default_time: Seconds | None = None
@@ -542,6 +544,8 @@ class Settings(_Table):
             ("order", s.order), ("backfill", s.backfill), ("queueing", s.queueing),
             ("preemption", s.preemption), ("max_preemptors_per_pass", s.max_preemptors_per_pass),
             ("queue_depth", s.queue_depth), ("backfill_on_prediction", s.backfill_on_prediction),
+            ("max_preemptions_per_job", s.max_preemptions_per_job),
+            ("las_preempt_once_per_level", s.las_preempt_once_per_level),
             ("grace_period_s", s.grace_period), ("default_time_limit_s", s.default_time),
             ("fairshare_half_life_s", s.fairshare_half_life),
         ) if v is not None}

@@ -378,6 +378,7 @@ class JobRead(Open):
     retries: int
     failures: int
     attempt: int
+    preemptions: int = Field(default=0, description="times the job was preempted and requeued")
     dependency: str | None
     array_job_id: int | None
     array_task_id: int | None

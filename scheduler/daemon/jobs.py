@@ -219,7 +219,7 @@ class JobService:
             dependency=req.dependency or "", env=req.env, workdir=req.workdir, submit_time=now,
             eligible_time=now, constraint=req.constraint or {}, exclusive=req.exclusive,
             nice=req.nice, account=req.account or "", allocation=[], kill_reason="",
-            attained_gpu_s=0.0, array_task_id=tasks[0], array_parent=None,
+            attained_gpu_s=0.0, preemptions=0, array_task_id=tasks[0], array_parent=None,
             array_limit=limit_tasks if req.array else None, array_spec=req.array or "",
         )
         values.update(SLURM_DEFAULTS, image_digest="")

@@ -176,6 +176,7 @@ class JobLifecycle:
             self.requeue(s, job, "requeued by request")
         elif state == m.PREEMPTED:
             self.store.set_state(s, job, m.PREEMPTED, job.reason, exit_code=job.exit_code)
+            job.preemptions = (job.preemptions or 0) + 1
             self.requeue(s, job, "requeued after preemption")
         elif state in (m.FAILED, m.NODE_FAIL, m.OUT_OF_MEMORY) and job.failures < job.retries:
             self.store.set_state(s, job, state, reason, exit_code=job.exit_code)

@@ -45,7 +45,7 @@ VIEW_COLUMNS = (_T.id, _T.user, _T.queue, _T.name, _T.gpus, _T.nodes, _T.cpus, _
                 _T.start_time, _T.allocation, _T.dependency, _T.constraint, _T.exclusive,
                 _T.nice, _T.account, _T.array_parent, _T.array_limit, _T.attained_gpu_s,
                 _T.kill_reason, _T.kill_time, _T.attempt, _T.features, _T.nodelist, _T.exclude, _T.image,
-                _T.predicted_runtime_s, _T.prediction_confident)
+                _T.predicted_runtime_s, _T.prediction_confident, _T.preemptions)
 _N = Node.__table__.c
 NODE_COLUMNS = (_N.name, _N.gpus_total, _N.gpu_indices, _N.cpus, _N.mem_mb, _N.gpu_model, _N.labels,
                 _N.agent_info, _N.state)
@@ -75,6 +75,7 @@ def job_view(r) -> JobView:
         exclude=tuple(x["exclude"] or ()),
         predicted_runtime_s=planning_runtime(x["predicted_runtime_s"], x["prediction_confident"],
                                              x["time_limit_s"]),
+        preemptions=x["preemptions"] or 0,
     )
 
 

@@ -18,7 +18,7 @@ def job_json(j, viewer: Caller | None = None) -> dict[str, Any]:
         "held": j.held or None, "command": j.command, "script": j.script is not None, "gpus": j.gpus,
         "gpu_type": j.gpu_type, "nodes": j.nodes, "cpus": j.cpus, "mem": j.mem_mb,
         "time_limit": j.time_limit_s, "priority": j.priority, "retries": j.retries, "failures": j.failures,
-        "attempt": j.attempt, "dependency": j.dependency or None, "array_job_id": j.array_parent,
+        "attempt": j.attempt, "preemptions": getattr(j, "preemptions", 0) or 0, "dependency": j.dependency or None, "array_job_id": j.array_parent,
         "array_task_id": j.array_task_id, "constraint": j.constraint or {}, "exclusive": j.exclusive,
         "nice": j.nice, "account": j.account or None, "env": env, "workdir": j.workdir,
         "submit_time": j.submit_time, "start_time": j.start_time, "end_time": j.end_time,

@@ -164,17 +164,19 @@ def run_two_jobs(d, node, base, lab) -> dict[int, dict]:  # noqa: F811
               "while [ ! -e /gate/release ]; do sleep 0.1; done")
     jobs = [c.submit({"command": ["sh", "-c", script], "image": lab["image"], "gpus": 2,
                       "container_mounts": [f"{gate}:/gate:ro"]}) for _ in range(2)]
-    running = [wait_job(c, j["id"], "RUNNING", timeout=120) for j in jobs]
-    seen = wait_for(lambda: len(s := containers_on(node)) == 2 and s, 60,
-                    what="both jobs' containers running")
     out = {}
-    for job in running:
-        (name,) = [n for n in seen if n.startswith(f"trainyard-{job['id']}.")]
-        inside = wait_for(lambda j=job: listing(c.log(j["id"])[0]), 30, what="the job's listing")
-        out[job["id"]] = {"gpus": job["allocation"][0]["gpus"], "inside": inside.split(),
-                          "requested": requested(seen[name]["argv"]),
-                          "devices": seen[name]["devices"]}
-    (gate / "release").touch()
+    try:
+        running = [wait_job(c, j["id"], "RUNNING", timeout=120) for j in jobs]
+        seen = wait_for(lambda: len(s := containers_on(node)) == 2 and s, 60,
+                        what="both jobs' containers running")
+        for job in running:
+            (name,) = [n for n in seen if n.startswith(f"trainyard-{job['id']}.")]
+            inside = wait_for(lambda j=job: listing(c.log(j["id"])[0]), 30, what="the job's listing")
+            out[job["id"]] = {"gpus": job["allocation"][0]["gpus"], "inside": inside.split(),
+                              "requested": requested(seen[name]["argv"]),
+                              "devices": seen[name]["devices"]}
+    finally:  # the jobs end whatever happened above: no container is left waiting on the gate
+        (gate / "release").touch()
     for job in jobs:
         assert wait_job(c, job["id"], ("COMPLETED", "FAILED"), timeout=60)["state"] == "COMPLETED"
     assert sorted(g for j in out.values() for g in j["gpus"]) == [0, 1, 2, 3]

@@ -236,7 +236,7 @@ def test_the_health_rules_equal_the_ones_built_from_the_same_table(table):
     ({"daemon": {"port": 80}}, "daemon.port: unknown setting (value 80); known settings: cluster_name, "),
     # [scheduler]
     ({"scheduler": {"policy": "sjf"}}, "scheduler.policy: unknown policy 'sjf'; choose one of fifo, backfill, "
-                                       "fairshare, las, qssf"),
+                                       "fairshare, las, las-budget, qssf"),
     ({"scheduler": {"order": "random"}}, "scheduler.order: unknown order 'random'; choose one of fifo, "),
     ({"scheduler": {"queueing": "lax"}}, "scheduler.queueing: unknown strategy 'lax'; choose one of strict, "),
     ({"scheduler": {"backfill": "yes"}}, "scheduler.backfill: expected true or false, got 'yes'"),

@@ -42,6 +42,8 @@ def test_high_queue_preempts_low_and_the_victim_is_requeued(policy_cluster):
     states = {j["id"]: c.job(j["id"]) for j in lows}
     victims = [j for j in states.values() if j["state"] == "PENDING"]
     assert len(victims) == 1 and victims[0]["attempt"] == 1
+    assert victims[0]["preemptions"] == 1  # what a preemption budget (las-budget) counts
+    assert all(j["preemptions"] == 0 for j in states.values() if j["state"] == "RUNNING")
     history = [e["detail"]["state"] for e in c.events(limit=1000)
                if e["target"] == str(victims[0]["id"]) and e["action"] == "job.state"]
     assert history[-2:] == ["PREEMPTED", "PENDING"]
