@@ -157,7 +157,8 @@ class Agent:
             self.report(key)
             return
         self.wrappers[key] = subprocess.Popen(
-            [sys.executable, self.entry, "wrap", d], cwd=d, env=dict(os.environ),
+            # -S: the supervisor needs only the standard library; no site-packages to scan
+            [sys.executable, "-S", self.entry, "wrap", d], cwd=d, env=dict(os.environ),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True,
         )

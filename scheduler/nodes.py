@@ -20,9 +20,11 @@ import hashlib
 import io
 import json
 import logging
+import py_compile
 import random
 import shlex
 import sys
+import tempfile
 import zipfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -41,7 +43,9 @@ BUNDLE_MODULES = ("agent", "protocol", "gpus", "nodestate", "accounts", "fencing
                   "containers", "nodefiles", "outputs", "ptys",
                   # Slurm's srun and scontrol inside jobs, and what they import
                   "slurm/hostlist", "slurm/layout", "slurm/shims/srun", "slurm/shims/scontrol")
-BUNDLE_MAIN = "import sys\n\nimport agent\n\nsys.exit(agent.main(sys.argv[1:]))\n"
+# `wrap` (a job's supervisor, one process per job) imports only what it needs, not the agent
+BUNDLE_MAIN = ("import sys\n\nif sys.argv[1:2] == ['wrap']:\n    import jobstep\n\n"
+               "    sys.exit(jobstep.main(sys.argv[2:]))\nimport agent\n\nsys.exit(agent.main(sys.argv[1:]))\n")
 MIN_PYTHON = (3, 8)
 # The sudo privilege mode: the bundle as the trainyard_node role installs it (root-owned), and
 # the one command line its sudo rule allows (`--node` first: `wrap` can never be the command).
@@ -54,10 +58,15 @@ PRIVILEGES = ("login", "sudo")
 def agent_bundle() -> tuple[bytes, str]:
     """The agent as one zip application (`python3 agent-<digest>.pyz`), and its digest.
 
-    Built reproducibly (fixed times and order), so the digest names this version exactly."""
+    Built reproducibly (fixed times and order), so the digest names this version (and the
+    daemon's Python) exactly. Each module also comes compiled for the daemon's Python: zipimport
+    cannot cache bytecode, and compiling the sources again in every job's supervisor process
+    cost more than the job itself for short jobs; a node whose Python differs compiles them
+    (zipimport skips bytecode of another version)."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         files = [(f"{m}.py", (HERE / f"{m}.py").read_bytes()) for m in BUNDLE_MODULES]
+        files += [(f"{m}.pyc", _bytecode(HERE / f"{m}.py", f"{m}.py")) for m in BUNDLE_MODULES]
         files.append(("__main__.py", BUNDLE_MAIN.encode()))
         for name, data in files:
             info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
@@ -66,6 +75,14 @@ def agent_bundle() -> tuple[bytes, str]:
             z.writestr(info, data)
     data = buf.getvalue()
     return data, hashlib.sha256(data).hexdigest()[:16]
+
+
+def _bytecode(path: Path, name: str) -> bytes:
+    """`path` compiled to an unchecked hash-based .pyc (PEP 552: no timestamp to compare)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = py_compile.compile(str(path), cfile=f"{tmp}/{name}c", dfile=name, doraise=True,
+                                 invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+        return Path(out).read_bytes()
 
 
 def one_line(text: str, limit: int = 600) -> str:
