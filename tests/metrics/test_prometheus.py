@@ -101,7 +101,9 @@ def test_prometheus_scrapes_the_demo_through_http_sd(prometheus_factory, tmp_pat
         util = prom.wait(f'DCGM_FI_DEV_GPU_UTIL{{hpc_job="{job["id"]}"}}', lambda r: len(r) == 2)
         assert set(by_node_gpu(util)) == held
         busy = by_node_gpu(prom.query(panel(PER_GPU_PANELS["GPU Utilization"])))
-        assert all(busy[key] >= 85 for key in held)  # the demo's GPUs are busy while a job runs
+        # the demo's GPUs are busy while a job runs (each job its own load, 41-100 %), idle otherwise
+        assert all(busy[key] >= 41 for key in held)
+        assert all(busy[key] <= 3 for key in every_gpu - held)
         assert all(busy[key] <= 3 for key in every_gpu - held)
         assert prom.wait('trainyard_jobs_started_total{queue="default"} >= 1')
     finally:

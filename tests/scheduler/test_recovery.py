@@ -21,7 +21,8 @@ def counted(tag: str, body: str) -> list[str]:
 def test_kill_9_daemon_loses_and_duplicates_nothing(cluster):
     d, nodes = cluster
     c = d.client()
-    long = c.submit({"command": counted("long", "sleep 5"), "gpus": 4})
+    # `long` outlives the restart however slow the machine is; `short` ends during it
+    long = c.submit({"command": counted("long", "sleep 20"), "gpus": 4})
     short = c.submit({"command": counted("short", "sleep 1; exit 5"), "gpus": 4})
     for j in (long, short):
         wait_job(c, j["id"], "RUNNING")
@@ -32,7 +33,7 @@ def test_kill_9_daemon_loses_and_duplicates_nothing(cluster):
     done_short = wait_job(c, short["id"], "FAILED")
     assert done_short["exit_code"] == 5
     assert c.job(long["id"])["state"] == "RUNNING"
-    wait_job(c, long["id"], "COMPLETED", timeout=20)
+    wait_job(c, long["id"], "COMPLETED", timeout=40)
     assert runs("long") == 1
     assert runs("short") == 1
     # the pending queue survived too
