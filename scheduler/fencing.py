@@ -139,6 +139,11 @@ class Fencing:
                 path = os.path.join(base, key)
                 os.makedirs(path, exist_ok=True)
                 made.append(path)
+                state = os.path.join(path, "freezer.state")
+                if c == "freezer" and os.path.exists(state):
+                    # a cgroup of this name left frozen (its agent died between freezing and
+                    # thawing it): a new process joining it would never run
+                    _write(state, "THAWED")
                 if c == "memory" and mem_mb:
                     limit = str(int(mem_mb) * 2**20)
                     _write(os.path.join(path, "memory.limit_in_bytes"), limit)

@@ -71,7 +71,7 @@ def test_each_attempt_of_a_requeued_job_keeps_its_own_output(cluster):
     wait_for(lambda: stored(d, job["id"]).exists() and "run" in stored(d, job["id"]).read_text(),
              15, what="attempt 0's output")
     c.requeue(job["id"])
-    wait_for(lambda: c.job(job["id"])["state"] == "RUNNING" and stored(d, job["id"], 1).exists(), 20,
+    wait_for(lambda: c.job(job["id"])["state"] == "RUNNING" and stored(d, job["id"], 1).exists(), 45,
              what="attempt 1 running")
     first = d.cli("logs", str(job["id"]), "--attempt", "0", check=True).stdout
     assert first.startswith("run ")

@@ -142,7 +142,9 @@ def test_an_unreachable_bucket_keeps_the_output_runs_the_job_and_says_so_until_i
         completed(c, job["id"])
         problem = wait_for(lambda: c.cluster()["problems"], 30, what="the bucket's problem shown")
         assert "log bucket" in problem[0] and bucket in problem[0]
-        assert spool(d, job["id"]).read_text().splitlines()[-1] == "out 10"  # kept in the spool
+        # kept in the spool (the last piece may reach the daemon just after the job ended)
+        wait_for(lambda: spool(d, job["id"]).read_text().splitlines()[-1:] == ["out 10"], 15,
+                 what="all the output in the spool")
         assert d.cli("logs", str(job["id"]), check=True).stdout.splitlines()[-1] == "out 10"
     finally:
         s3.start()
