@@ -105,36 +105,43 @@ def evaluate(rules: HealthRules, node_name: str, history: list, now: float) -> l
                 by_gpu.setdefault(g["index"], []).append((s.get("time") or 0, g))
     current = {g["index"]: g for g in _gpus(latest) if isinstance(g, dict) and isinstance(g.get("index"), int)}
 
-    def add(rule: str, gpu: int, reason: str, key: str):
-        action = getattr(rules, rule)
-        if action != OFF:
-            out.append(Verdict(gpu=gpu, action=action, reason=f"GPU {gpu}: {reason}",
-                               key=f"gpu{gpu}:{key}", node=node_name, rule=rule))
-
     for i in sorted(by_gpu):
-        g = current.get(i, {})
-        if g.get("off_bus"):
-            add("off_bus", i, "fell off the bus (NVML: GPU is lost)", "off_bus")
         # XIDs are events: the newest fatal one in the history; its sample time keeps the key new
         fatal = [(t, code) for t, s in by_gpu[i] for code in (s.get("xid_events") or [])
                  if code in rules.fatal_xids]
-        if fatal:
-            t, code = fatal[-1]
-            add("xid", i, f"XID {code} ({xid_meaning(code)})", f"xid{code}@{t}")
-        dbe = _num(g.get("ecc_dbe_volatile"))
-        if dbe is None:
-            dbe = _num(g.get("ecc_dbe"))
-        if dbe:
-            add("ecc_dbe", i, f"{dbe} double-bit ECC error{'s' if dbe != 1 else ''} (uncorrectable)",
-                f"ecc_dbe:{dbe}")
-        if g.get("remap_failure"):
-            add("remap_failure", i, "row remapping failed (the GPU needs a reset or repair)",
-                "remap_failure")
-        verdict = _hot(rules, by_gpu[i], latest.get("time"))
-        if verdict:
-            _, held, temp = verdict
-            add("temp", i, f"temperature {temp:g} °C over {rules.temp_c:g} °C for {held:.0f} s",
-                "temp")
+        hot = _hot(rules, by_gpu[i], latest.get("time"))
+        out += _gpu_verdicts(rules, node_name, i, current.get(i, {}), fatal[-1] if fatal else None,
+                             hot[1:] if hot else None)
+    return out
+
+
+def _gpu_verdicts(rules: HealthRules, node: str, i: int, g: dict, xid, hot) -> list[Verdict]:
+    """One GPU's verdicts, in order: off-bus, the newest fatal `xid` ((sample time, code) or
+    None), ECC, row remapping, and temperature (`hot`: (seconds held, temp) or None)."""
+    out: list[Verdict] = []
+
+    def add(rule: str, reason: str, key: str):
+        action = getattr(rules, rule)
+        if action != OFF:
+            out.append(Verdict(gpu=i, action=action, reason=f"GPU {i}: {reason}",
+                               key=f"gpu{i}:{key}", node=node, rule=rule))
+
+    if g.get("off_bus"):
+        add("off_bus", "fell off the bus (NVML: GPU is lost)", "off_bus")
+    if xid:
+        t, code = xid
+        add("xid", f"XID {code} ({xid_meaning(code)})", f"xid{code}@{t}")
+    dbe = _num(g.get("ecc_dbe_volatile"))
+    if dbe is None:
+        dbe = _num(g.get("ecc_dbe"))
+    if dbe:
+        add("ecc_dbe", f"{dbe} double-bit ECC error{'s' if dbe != 1 else ''} (uncorrectable)",
+            f"ecc_dbe:{dbe}")
+    if g.get("remap_failure"):
+        add("remap_failure", "row remapping failed (the GPU needs a reset or repair)", "remap_failure")
+    if hot:
+        held, temp = hot
+        add("temp", f"temperature {temp:g} °C over {rules.temp_c:g} °C for {held:.0f} s", "temp")
     return out
 
 
@@ -229,35 +236,14 @@ class HealthTracker:
         for _, t, i, code in st.xids:
             newest_xid[i] = (t, code)
         out: list[Verdict] = []
-
-        def add(rule: str, gpu: int, reason: str, key: str):
-            action = getattr(rules, rule)
-            if action != OFF:
-                out.append(Verdict(gpu=gpu, action=action, reason=f"GPU {gpu}: {reason}",
-                                   key=f"gpu{gpu}:{key}", node=node, rule=rule))
-
         for i in sorted(set(st.current) | set(newest_xid)):
             g = st.current.get(i, {})
-            if g.get("off_bus"):
-                add("off_bus", i, "fell off the bus (NVML: GPU is lost)", "off_bus")
-            if i in newest_xid:
-                t, code = newest_xid[i]
-                add("xid", i, f"XID {code} ({xid_meaning(code)})", f"xid{code}@{t}")
-            dbe = _num(g.get("ecc_dbe_volatile"))
-            if dbe is None:
-                dbe = _num(g.get("ecc_dbe"))
-            if dbe:
-                add("ecc_dbe", i, f"{dbe} double-bit ECC error{'s' if dbe != 1 else ''} (uncorrectable)",
-                    f"ecc_dbe:{dbe}")
-            if g.get("remap_failure"):
-                add("remap_failure", i, "row remapping failed (the GPU needs a reset or repair)",
-                    "remap_failure")
             run = st.hot.get(i)
+            hot = None
             if run and i in st.current and st.latest_time is not None:
                 held = st.latest_time - run[0][1]
-                if held >= rules.temp_period_s:
-                    add("temp", i, f"temperature {g['temp_c']:g} °C over {rules.temp_c:g} °C for "
-                        f"{held:.0f} s", "temp")
+                hot = (held, g["temp_c"]) if held >= rules.temp_period_s else None
+            out += _gpu_verdicts(rules, node, i, g, newest_xid.get(i), hot)
         return out
 
     def forget(self, node: str) -> None:
