@@ -28,7 +28,7 @@ import threading
 import time
 
 if __package__:
-    from . import containers, fencing, nodestate, ptys
+    from . import containers, fencing, nodestate, ptys, steps
     from . import protocol as P
     from .accounts import DEFAULT_MIN_UID, AccountError, lookup
     from .gpus import GPU_FIELDS, Gpus, job_of_pid
@@ -40,6 +40,7 @@ else:  # inside the agent's bundle on a node
     import nodestate
     import protocol as P
     import ptys
+    import steps
     from accounts import DEFAULT_MIN_UID, AccountError, lookup
     from gpus import GPU_FIELDS, Gpus, job_of_pid
     from nodefiles import install_public, own_file, write_atomic
@@ -111,6 +112,8 @@ class Agent:
         self.pull_timeout_s = pull_timeout_s
         self.output = OutputStreams(self)
         self.ptys = ptys.PtySessions(self)  # terminals in running jobs (srun --pty)
+        self.step_server = steps.StepServer(self)  # srun in a job here, to the job's other nodes
+        self.step_runner = steps.StepRunner(self)  # steps that other nodes' srun start here
         self._slurm_bin: str | None = None  # see slurm_shims(); "" once they cannot be installed
 
     def claim_dir(self) -> None:
@@ -119,6 +122,11 @@ class Agent:
         os.makedirs(self.jobs_dir, exist_ok=True)
         os.chmod(self.jobs_dir, self.dir_mode)
         self.output.load()
+        try:
+            self.step_server.start()
+        except OSError as e:  # batch jobs' srun then starts only this node's tasks
+            print(f"trainyard-agent: cannot listen on {self.step_server.path}: {e}; srun in "
+                  "batch jobs on this node cannot reach their other nodes", file=sys.stderr)
 
     def send(self, msg) -> None:
         line = P.encode(msg) if not isinstance(msg, dict) else json.dumps(msg, separators=(",", ":")) + "\n"
@@ -196,6 +204,10 @@ class Agent:
         shims = self.slurm_shims() if "SLURM_JOB_ID" in env and not msg.image else None
         if shims:  # a Slurm batch script finds srun and scontrol on its PATH (docs/slurm.md)
             env["PATH"] = shims + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+            if msg.batch_step and self.step_server.sock is not None:
+                # srun in the batch step proves its job with this token on the step socket
+                env[steps.TOKEN_VAR] = steps.new_token()
+                env[steps.SOCKET_VAR] = self.step_server.path
         # a preemption's deadline appears here the moment the job is chosen as a victim
         env["TRAINYARD_PREEMPT_DEADLINE_FILE"] = os.path.join(work, "preempt_deadline")
         container = self.container_spec(msg) if msg.image else None
@@ -475,7 +487,8 @@ class Agent:
                     "forget": self.on_forget, "log": self.on_log, "watch": self.on_watch,
                     "output_ack": self.output.on_ack, "fault": self.on_fault,
                     "ping": lambda m: self.send(P.Pong(m.id)),
-                    "pull": self.on_pull, "images": self.on_images, **self.ptys.handlers()}
+                    "pull": self.on_pull, "images": self.on_images, **self.ptys.handlers(),
+                    **self.step_server.handlers(), **self.step_runner.handlers()}
         rid = None
         try:
             obj = json.loads(line)

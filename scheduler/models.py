@@ -131,6 +131,9 @@ class Job(SQLModel, table=True):
     error: str = ""  # -e pattern; "": into the output file
     input: str = ""
     open_mode: str = "truncate"  # or append
+    # Slurm's model: the script runs on the first node only and srun reaches the others
+    # (sbatch and salloc set it); otherwise the command runs on every node (docs/slurm.md)
+    batch_step: bool = False
     submit_dir: str = ""
     submit_host: str = ""
     signal: str = ""  # --signal [B:]SIG@SECONDS

@@ -40,7 +40,7 @@ log = logging.getLogger("trainyard.nodes")
 HERE = Path(__file__).parent
 # The agent's bundle: what real nodes run. The demo's GPU simulator (simgpu.py) is not in it.
 BUNDLE_MODULES = ("agent", "protocol", "gpus", "nodestate", "accounts", "fencing", "jobstep",
-                  "containers", "nodefiles", "outputs", "ptys",
+                  "containers", "nodefiles", "outputs", "ptys", "steps",
                   # Slurm's srun and scontrol inside jobs, and what they import
                   "slurm/hostlist", "slurm/layout", "slurm/shims/srun", "slurm/shims/scontrol")
 # `wrap` (a job's supervisor, one process per job) imports only what it needs, not the agent

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 PROTOCOL_VERSION = 3  # 3: jobs' output streamed to the daemon (output, output_ack)
-# The pty_* messages (terminals in jobs) are additive and leave the version as it is: an agent
-# without them answers `unknown op`, and everything else it does still works.
+# The pty_* messages (terminals in jobs) and step_* messages (srun across a job's nodes) are
+# additive and leave the version as it is: an agent without them answers `unknown op`, and
+# everything else it does still works.
 
 SIGNALS = ("TERM", "KILL", "INT", "USR1", "HUP")
 PTY_WINDOW = 65536  # bytes of a terminal session's output sent ahead of the daemon's pty_ack
+STEP_WINDOW = 262144  # bytes of a remote step's output sent ahead of its caller's step_ack
 
 # Every key a GPU's telemetry carries, whatever the source; a field the driver (or the source)
 # cannot tell is present with the value None, never left out. Meanings: docs/gpu.md.
@@ -65,6 +67,9 @@ class Launch:
     image: str | None = None
     mounts: list[str] = field(default_factory=list)
     container_workdir: str | None = None
+    # Slurm's model: this rank is the batch step (rank 0, it runs the script) or holds the
+    # allocation (other ranks); `srun` in the script reaches the other nodes (docs/slurm.md)
+    batch_step: bool = False
 
 
 @dataclass
@@ -205,6 +210,56 @@ class PtyHangup:
     """The user went away: hang up the session's terminal (SIGHUP to its process group)."""
     op: ClassVar[str] = "pty_close"
     pty: str
+
+
+@dataclass
+class StepExec:
+    """Run this node's share of a job step that `srun` on another node of the job started:
+    `srun` (its options) and `argv` (the tasks' command) as the job's owner, in its cgroups, with
+    the rank's environment plus the caller's exported changes (`env`, and `unset` names removed),
+    in `cwd` where the owner may enter it. Output travels as `step_output`, the end as `step_end`."""
+    op: ClassVar[str] = "step_exec"
+    step: str
+    key: str
+    argv: list[str] = field(default_factory=list)
+    srun: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    unset: list[str] = field(default_factory=list)
+    cwd: str = ""
+
+
+@dataclass
+class StepAck:
+    """The caller took a remote step's output up to byte `offset` (flow control, STEP_WINDOW)."""
+    op: ClassVar[str] = "step_ack"
+    step: str
+    offset: int = 0
+
+
+@dataclass
+class StepKill:
+    """The caller (`srun`) went away: end the step's processes (SIGTERM, then SIGKILL)."""
+    op: ClassVar[str] = "step_kill"
+    step: str
+
+
+@dataclass
+class StepOutputTo:
+    """A remote step's output, relayed by the daemon to the node whose `srun` started it."""
+    op: ClassVar[str] = "step_output"
+    step: str
+    stream: str = "out"
+    offset: int = 0
+    data: str = ""
+
+
+@dataclass
+class StepEndTo:
+    """A remote step ended (relayed to its caller's node): rc, or None and why it never ran."""
+    op: ClassVar[str] = "step_end"
+    step: str
+    rc: int | None = None
+    reason: str = ""
 
 
 @dataclass
@@ -387,6 +442,55 @@ class PtyClosed:
 
 
 @dataclass
+class StepLaunch:
+    """`srun` in a job on this node asks to run its share of a step on `node`, another node of
+    the same job (the daemon checks the job and the node, then sends `step_exec` there)."""
+    ev: ClassVar[str] = "step_launch"
+    step: str
+    key: str
+    node: str
+    argv: list[str] = field(default_factory=list)
+    srun: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    unset: list[str] = field(default_factory=list)
+    cwd: str = ""
+
+
+@dataclass
+class StepOutput:
+    """A piece of a remote step's output (`stream` out or err) from byte `offset`, base64."""
+    ev: ClassVar[str] = "step_output"
+    step: str
+    stream: str = "out"
+    offset: int = 0
+    data: str = ""
+
+
+@dataclass
+class StepEnd:
+    """A step's processes on this node ended: `rc` (128+N for signal N; None: never started)."""
+    ev: ClassVar[str] = "step_end"
+    step: str
+    rc: int | None = None
+    reason: str = ""
+
+
+@dataclass
+class StepAcked:
+    """The caller's `srun` took a remote step's output up to `offset` (relayed as step_ack)."""
+    ev: ClassVar[str] = "step_ack"
+    step: str
+    offset: int = 0
+
+
+@dataclass
+class StepCancel:
+    """The caller's `srun` went away before the step ended (relayed as step_kill)."""
+    ev: ClassVar[str] = "step_kill"
+    step: str
+
+
+@dataclass
 class Pong:
     ev: ClassVar[str] = "pong"
     id: int | None = None
@@ -402,10 +506,12 @@ class FaultDone:
 
 
 OPS = {c.op: c for c in (Launch, Signal, Notice, Sync, Watch, Forget, Log, OutputAck, Fault, Ping,
-                         Pull, Images, PtyOpen, PtyInput, PtyResize, PtyAck, PtyHangup)}
+                         Pull, Images, PtyOpen, PtyInput, PtyResize, PtyAck, PtyHangup,
+                         StepExec, StepAck, StepKill, StepOutputTo, StepEndTo)}
 EVENTS = {c.ev: c for c in (Hello, Started, Exited, LaunchFailed, Telemetry, Error, Jobs,
                             LogChunk, Output, Pong, FaultDone, PullProgress, Pulled, ImageList,
-                            PtyOpened, PtyOutput, PtyClosed)}
+                            PtyOpened, PtyOutput, PtyClosed,
+                            StepLaunch, StepOutput, StepEnd, StepAcked, StepCancel)}
 
 # annotation text -> the JSON types it accepts (annotations stay strings, never evaluated, so
 # `int | None` works on the nodes' Python 3.8)

@@ -26,13 +26,13 @@ import time
 import warnings
 
 if __package__:
-    from . import fencing
     from . import protocol as P
-    from .accounts import Account, become
+    from .accounts import Account
+    from .steps import enter_job
 else:  # inside the agent's bundle on a node
-    import fencing
     import protocol as P
-    from accounts import Account, become
+    from accounts import Account
+    from steps import enter_job
 
 CHUNK = 16384
 MAX_PENDING_INPUT = 2**20  # typed bytes the session's program has not read yet; more is dropped
@@ -285,26 +285,10 @@ def _child(argv: list, env: dict, spec: dict, account, rows: int, cols: int, cwd
     in the job's working directory."""
     try:
         fcntl.ioctl(0, termios.TIOCSWINSZ, _winsize(rows, cols))
-        fencing.join(spec.get("cgroups") or [])
         if account is not None and os.geteuid() == 0:
             os.fchown(0, account.uid, -1)  # the terminal belongs to who uses it
-            become(account)
-        os.umask(int(spec.get("umask", 0o077)))
         os.closerange(3, 65536)
-        fallback = spec.get("cwd") or "/"
-        if cwd and cwd != fallback:
-            try:
-                os.chdir(cwd)
-                fallback = ""
-            except OSError as e:
-                os.write(2, f"trainyard: couldn't chdir to `{cwd}': {e.strerror}: going to "
-                            f"{fallback} instead\r\n".encode())
-        if fallback:
-            try:
-                os.chdir(fallback)
-            except OSError as e:
-                os.write(2, f"trainyard: cannot enter {fallback}: {e.strerror}\r\n".encode())
-                os._exit(1)
+        enter_job(spec, account, cwd, newline="\r\n")
         env["PWD"] = os.getcwd()
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -139,6 +139,10 @@ class JobSubmit(Strict):
     error: str | None = Field(default=None, max_length=4096, pattern=NO_NUL)
     input: str | None = Field(default=None, max_length=4096, pattern=NO_NUL)
     open_mode: Literal["truncate", "append"] | None = None
+    batch_step: bool | None = Field(
+        default=None, description="Slurm's model: the script runs once, on the first node, and srun "
+                                  "in it starts tasks on every node (sbatch sets it); otherwise the "
+                                  "command runs on every node")
     submit_dir: str | None = Field(default=None, max_length=4096, pattern="^/")
     submit_host: str | None = Field(default=None, max_length=253, pattern=NO_NUL)
     signal: str | None = Field(default=None, max_length=32, pattern=r"^([BR]:)?[A-Za-z0-9]{1,10}(@[0-9]{1,6})?$",
@@ -413,6 +417,7 @@ class JobRead(Open):
     image: str | None = None
     image_digest: str | None = None
     container_mounts: list[str] = Field(default_factory=list)
+    batch_step: bool = False
     predicted_runtime_s: float | None = Field(
         None, description="the run time predicted at submit from finished jobs' history")
     prediction_basis: str | None = Field(

@@ -45,6 +45,8 @@ from .reconcile import Reconciler
 from .registries import Registries, load_credentials
 from .scheduling import SchedulingCycle
 from .state import StateStore
+from .steps import EVENTS as STEP_EVENTS
+from .steps import StepRelay
 from .tokens import Tokens
 from .views import node_json
 
@@ -115,6 +117,7 @@ class Daemon:
                                  self.gate.owns, LogBucket.from_settings(tables.logs))
         self.logs = JobLogs(self.logstore, self.store, self.links)
         self.ptys = PtyRelay(self.store, self.links)  # terminals in jobs (srun --pty)
+        self.steps = StepRelay(self.store, self.links)  # srun across a batch job's nodes
         self.dispatcher.on_dispatch = lambda job: self.logstore.record_ranks(
             job.id, job.attempt, [a["node"] for a in job.allocation])
         self.notifications = Notifications(tables.notify, self.store, config.cluster_name)
@@ -281,10 +284,13 @@ class Daemon:
                 self.logstore.on_output(name, msg)
             elif ev in ("pty_data", "pty_close"):
                 self.ptys.on_event(name, msg)
+            elif ev in STEP_EVENTS:
+                self.steps.on_event(name, msg)
             elif ev == "hello":
                 self.reconciler.on_hello(name, msg)
                 self.gate.on_hello(name)
                 self.ptys.node_restarted(name)
+                self.steps.node_restarted(name)
             elif self.gate.owns(msg.get("key")):  # a health check's job, not a user's
                 self.gate.on_agent_event(name, msg)
             elif ev == "started":

@@ -9,8 +9,11 @@ from ..models import Job
 from ..planner import parse_array
 from ..slurm.environment import JobContext, job_environment
 from ..slurm.patterns import PatternContext, output_path
-from .lifecycle import job_key
+from .lifecycle import job_key, runs_batch_step
 from .links import NodeLinks
+
+# what a batch job's other nodes run while its script runs on the first (Slurm's batch step)
+HOLD_ALLOCATION = ("sleep", "infinity")
 
 
 def master_port(job: Job) -> int:
@@ -146,9 +149,13 @@ class Dispatcher:
         rank = ranks.index(node)
         workdir = job.workdir or job.submit_dir or None
         stdout, stderr = output_files(job, rank, node, workdir)
+        argv, script, batch_step = job.command, job.script, runs_batch_step(job)
+        if batch_step and rank > 0:  # holds the node for the tasks srun starts here
+            argv, script, stdout, stderr = list(HOLD_ALLOCATION), None, None, None
         self.links.send(node, {
-            "op": "launch", "key": job_key(job), "job_id": job.id, "argv": job.command,
-            "script": job.script, "env": self.environment(job, rank), "workdir": workdir,
+            "op": "launch", "key": job_key(job), "job_id": job.id, "argv": argv,
+            "script": script, "env": self.environment(job, rank), "workdir": workdir,
+            "batch_step": batch_step,
             "gpus": job.allocation[rank]["gpus"], "user": self.unix_user(job.user),
             "cpus": job.cpus, "mem_mb": job.mem_mb, "stdout": stdout, "stderr": stderr,
             "image": job.image or None, "mounts": list(job.container_mounts or ()),

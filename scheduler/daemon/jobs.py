@@ -60,7 +60,7 @@ SLURM_FIELDS = {
     "ntasks": "ntasks", "ntasks_per_node": "ntasks_per_node", "cpus_per_task": "cpus_per_task",
     "gpus_per_task": "gpus_per_task", "features": "features", "nodelist": "nodelist",
     "exclude": "exclude", "output": "output", "error": "error", "input": "input",
-    "open_mode": "open_mode", "submit_dir": "submit_dir", "submit_host": "submit_host",
+    "open_mode": "open_mode", "batch_step": "batch_step", "submit_dir": "submit_dir", "submit_host": "submit_host",
     "signal": "signal", "requeue": "requeue", "begin": "begin_time", "qos": "qos",
     "comment": "comment", "wckey": "wckey", "reservation": "reservation", "mail_type": "mail_type",
     "mail_user": "mail_user", "notify_url": "notify_url", "export": "export", "recorded": "recorded",

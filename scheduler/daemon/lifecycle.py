@@ -25,6 +25,17 @@ def parse_key(key: str) -> tuple[int, int]:
     return int(a), int(b or 0)
 
 
+def runs_batch_step(job: Job) -> bool:
+    """Slurm's model on the nodes: the script runs once, on the first node, the other nodes hold
+    the allocation, and `srun` starts tasks on all of them (docs/slurm.md). Container jobs run
+    their script on every node instead (the image has no srun that could reach the others)."""
+    return bool(job.batch_step) and not job.image and len(job.allocation) > 1
+
+
+# a batch job's script ended: the ranks that hold the rest of its allocation are released
+BATCH_END = "batch_end"
+
+
 # signals a job may ask for ahead of its end: those the agent delivers, but never KILL
 ADVANCE_SIGNALS = {"TERM": 15, "INT": 2, "USR1": 10, "HUP": 1}
 DEFAULT_SIGNAL_S = 60  # Slurm's default when --signal names no time
@@ -104,8 +115,8 @@ class JobLifecycle:
 
         A preempted job that asked for --signal gets that signal instead of SIGTERM at the start
         of its grace period, so it can checkpoint; SIGKILL still ends the period."""
-        if job.kill_reason in ("cancel", "timeout") and why != "cancel":
-            return
+        if job.kill_reason == BATCH_END or (job.kill_reason in ("cancel", "timeout") and why != "cancel"):
+            return  # the script's end (or the first cancel or time limit) decides the end state
         if why != "preempt":
             job.kill_grace_s = None
         job.kill_reason, job.kill_time = why, self.clock.time()
@@ -129,6 +140,13 @@ class JobLifecycle:
         exits = self.rank_exits.setdefault(job.id, {})
         exits[node] = end
         ranks = [a["node"] for a in job.allocation]
+        if len(exits) < len(ranks) and node == ranks[0] and runs_batch_step(job):
+            # the batch script is the job: its end releases the nodes that held the allocation
+            if not job.kill_reason:
+                job.kill_reason, job.kill_time = BATCH_END, self.clock.time()
+                s.add(job)
+            self.signal(job, "TERM", skip=set(exits))
+            return
         if len(exits) < len(ranks):
             # one rank of a gang ended early: a failure ends the whole job
             if (end.lost or end.oom or end.rc != 0) and not job.kill_reason:
@@ -160,6 +178,8 @@ class JobLifecycle:
         order = {n: i for i, n in enumerate(nodes)}
         ranked = sorted(exits.items(), key=lambda kv: order.get(kv[0], 0))
         codes = [e.rc for _, e in ranked]
+        if runs_batch_step(job) and nodes and nodes[0] in exits:
+            codes = [exits[nodes[0]].rc]  # the holders' ends say nothing: the script's is the job's
         lost = [n for n, e in ranked if e.lost]
         oom = [n for n, e in ranked if e.oom]
         failed_rc = next((rc for rc in codes if rc not in (0, None)), None)
@@ -207,6 +227,9 @@ class JobLifecycle:
             return "REQUEUE", ""
         if why == "launch_failed":
             return m.FAILED, job.reason
+        if why == BATCH_END:  # the holders were released after the script ended: their ends
+            first = job.allocation[0]["node"] if job.allocation else ""  # lost later do not count
+            lost = [n for n in lost if n == first]
         if oom:
             return m.OUT_OF_MEMORY, f"memory limit of {job.mem_mb} MiB exceeded on {', '.join(oom)}"
         if lost:

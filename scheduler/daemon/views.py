@@ -32,6 +32,7 @@ def job_json(j, viewer: Caller | None = None) -> dict[str, Any]:
         "recorded": dict(j.recorded or {}),
         "image": j.image or None, "image_digest": j.image_digest or None,
         "container_mounts": list(j.container_mounts or ()),
+        "batch_step": bool(getattr(j, "batch_step", False)),
     }
 
 

@@ -53,7 +53,9 @@ def ranks_of_node(counts: list[int], node_index: int) -> range:
 
 def task_variables(nodelist: str, counts: list[int], node_index: int, procid: int,
                    step_id: int) -> dict[str, str]:
-    """The SLURM_* variables that differ between the tasks of one srun step."""
+    """The SLURM_* variables that differ between the tasks of one srun step. As srun does, the
+    step's own size replaces the job's in SLURM_NNODES, SLURM_NODELIST and SLURM_NTASKS (the
+    job's stay in SLURM_JOB_NUM_NODES and SLURM_JOB_NODELIST)."""
     ranks = ranks_of_node(counts, node_index)
     if procid not in ranks:
         raise ValueError(f"task {procid} does not run on node {node_index} "
@@ -65,5 +67,6 @@ def task_variables(nodelist: str, counts: list[int], node_index: int, procid: in
         "SLURM_STEP_NODELIST": nodelist, "SLURM_STEP_NUM_NODES": str(len(counts)),
         "SLURM_STEP_NUM_TASKS": str(sum(counts)), "SLURM_STEP_TASKS_PER_NODE": per_node,
         "SLURM_NTASKS": str(sum(counts)), "SLURM_NPROCS": str(sum(counts)),
+        "SLURM_NNODES": str(len(counts)), "SLURM_NODELIST": nodelist,
         "SLURM_TASKS_PER_NODE": per_node, "SLURM_GTIDS": ",".join(map(str, ranks)),
     }

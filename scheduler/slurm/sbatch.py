@@ -323,7 +323,7 @@ class BatchSpec:
             "cpus": self.cpus_per_node, "ntasks": self.ntasks, "ntasks_per_node": self.ntasks_per_node,
             "cpus_per_task": self.cpus_per_task, "output": self.output, "workdir": self.workdir,
             "submit_dir": self.submit_dir, "submit_host": self.submit_host, "hold": self.hold,
-            "exclusive": self.exclusive,
+            "exclusive": self.exclusive, "batch_step": True,
         })
         optional = {
             "gpu_type": self.gpu_type, "gpus_per_task": self.gpus_per_task,

@@ -143,5 +143,6 @@ def test_submit_body_carries_the_allocation():
         "script": "echo", "name": "sbatch", "nodes": 2, "gpus": 4, "cpus": 32, "ntasks": 8,
         "ntasks_per_node": 4, "cpus_per_task": 8, "output": "logs/%x-%j.out", "workdir": "/home/alice/run",
         "submit_dir": "/home/alice/run", "submit_host": "login1", "hold": False, "exclusive": False,
+        "batch_step": True,
         "gpu_type": "a100", "mem": "204800M", "time_limit": 7200, "queue": "gpu", "account": "ml",
     }

@@ -139,18 +139,30 @@ def test_a_multi_node_srun_torchrun_script_runs_unchanged(slurm_cluster, submit_
     r = sbatch(d, submit_dir, f"""#!/bin/bash
 #SBATCH --job-name=ddp --nodes=2 --ntasks-per-node=1 --gres=gpu:2
 #SBATCH --output=%x-%j-%N.out
+echo "batch step on $SLURMD_NODENAME"
 export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)
 export MASTER_PORT={free_port()}
 srun bash -c 'python3 fake_torchrun.py --nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID \\
     --nproc_per_node=2 --out=$SLURM_SUBMIT_DIR'
+srun bash -c 'echo "task $SLURM_PROCID of $SLURM_NTASKS on $SLURMD_NODENAME sees MASTER_ADDR=$MASTER_ADDR"'
 """)
     assert r.returncode == 0, r.stderr
     job_id = int(r.stdout.strip())
     done = wait_job(d.client(), job_id, ("COMPLETED", "FAILED"), timeout=60)
-    logs = "".join(p.read_text() for p in submit_dir.glob("ddp-*.out"))
+    files = sorted(submit_dir.glob("ddp-*.out"))
+    logs = "".join(p.read_text() for p in files)
     assert done["state"] == "COMPLETED", logs
     nodes = sorted(a["node"] for a in done["allocation"])
     assert nodes == ["gpu-01", "gpu-02"]
+    # Slurm's batch step: the script ran once, on the first node, and srun's tasks on the other
+    # node wrote into the batch step's output, as they do under Slurm
+    first = done["allocation"][0]["node"]
+    assert [p.name for p in files] == [f"ddp-{job_id}-{first}.out"]
+    lines = logs.splitlines()
+    assert lines.count(f"batch step on {first}") == 1 and sum("batch step" in x for x in lines) == 1
+    assert sorted(x for x in lines if x.startswith("task ")) == [
+        f"task 0 of 2 on {first} sees MASTER_ADDR=gpu-01",
+        f"task 1 of 2 on {[n for n in nodes if n != first][0]} sees MASTER_ADDR=gpu-01"]
     peers = json.loads((submit_dir / "rendezvous.json").read_text())
     assert [p["RANK"] for p in peers] == ["1", "2", "3"]
     for rank in range(4):
@@ -163,3 +175,62 @@ srun bash -c 'python3 fake_torchrun.py --nnodes=$SLURM_NNODES --node_rank=$SLURM
             "SLURM_NTASKS": "2", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu-[01-02]",
             "SLURMD_NODENAME": nodes[node], "SLURM_JOB_ID": str(job_id), "SLURM_STEP_ID": "0",
         }, rank
+
+
+@pytest.mark.skipif(not _bundle_ships_shims(), reason="the agent bundle does not carry the srun and "
+                    "scontrol shims yet (scheduler/nodes.py BUNDLE_MODULES)")
+def test_srun_on_another_node_returns_its_exit_status_and_stderr(slurm_cluster, submit_dir):
+    """srun -w names one node of the allocation: its tasks run there, their stderr comes back to
+    the batch step's error file, srun exits with their status, and the job ends with the
+    script's own exit code (not the status of the nodes that held the allocation)."""
+    d = slurm_cluster
+    r = sbatch(d, submit_dir, """#!/bin/bash
+#SBATCH -J remote -N 2 --ntasks-per-node=1 -o %x-%j.out -e %x-%j.err
+other=$(scontrol show hostnames $SLURM_JOB_NODELIST | tail -n 1)
+srun -w "$other" bash -c 'echo "stderr from $SLURMD_NODENAME" >&2; exit 3'
+echo "srun rc=$?"
+TRAINYARD_STEP_TOKEN=0123456789abcdef0123456789abcdef srun -w "$other" true
+echo "forged token rc=$?"
+srun -N1 -w "$other" bash -c 'echo "one node: $SLURM_NNODES $SLURM_NTASKS $SLURMD_NODENAME"'
+exit 5
+""")
+    assert r.returncode == 0, r.stderr
+    job_id = int(r.stdout.strip())
+    done = wait_job(d.client(), job_id, ("COMPLETED", "FAILED"), timeout=60)
+    out = (submit_dir / f"remote-{job_id}.out").read_text()
+    err = (submit_dir / f"remote-{job_id}.err").read_text()
+    other = done["allocation"][1]["node"]
+    assert done["state"] == "FAILED" and done["exit_code"] == 5, (done, out, err)
+    assert "srun rc=3" in out.splitlines(), out
+    assert f"stderr from {other}" in err.splitlines(), err
+    # a step socket request with a token no running job has is refused, and says why
+    assert "forged token rc=1" in out.splitlines(), out
+    assert "has this TRAINYARD_STEP_TOKEN" in err, err
+    assert f"one node: 1 1 {other}" in out.splitlines(), out
+
+
+@pytest.mark.skipif(not _bundle_ships_shims(), reason="the agent bundle does not carry the srun and "
+                    "scontrol shims yet (scheduler/nodes.py BUNDLE_MODULES)")
+def test_a_batch_script_that_ends_ends_the_tasks_it_left_on_other_nodes(slurm_cluster, submit_dir):
+    """As under Slurm, the batch script is the job: when it exits, the job ends (with its exit
+    code) and a step it left running on another node is killed, not left behind."""
+    d = slurm_cluster
+    marker = f"{371 + os.getpid() % 1000}"
+    r = sbatch(d, submit_dir, f"""#!/bin/bash
+#SBATCH -J leftover -N 2 -o %x-%j.out
+other=$(scontrol show hostnames $SLURM_JOB_NODELIST | tail -n 1)
+srun -w "$other" bash -c 'echo started on $SLURMD_NODENAME; exec sleep {marker}' &
+for i in $(seq 100); do grep -q started leftover-$SLURM_JOB_ID.out && break; sleep 0.1; done
+echo "script done"
+""")
+    assert r.returncode == 0, r.stderr
+    job_id = int(r.stdout.strip())
+    done = wait_job(d.client(), job_id, ("COMPLETED", "FAILED"), timeout=60)
+    out = (submit_dir / f"leftover-{job_id}.out").read_text()
+    assert done["state"] == "COMPLETED" and done["exit_code"] == 0, (done, out)
+    assert "started on" in out and "script done" in out, out
+    from tests.conftest import wait_for
+
+    wait_for(lambda: subprocess.run(["pgrep", "-f", f"sleep {marker}"],
+                                    capture_output=True).returncode == 1, 20,
+             what=f"the step's `sleep {marker}` on the other node to be killed")

@@ -1,25 +1,34 @@
 #!/usr/bin/env python3
-"""srun inside a trainyard job: run a command as the step's tasks on this node, wait for all,
-exit with the first failure (as `srun` does under a batch script).
+"""srun inside a trainyard job: run a command as a step's tasks across the job's nodes, wait for
+all, exit with the first failure (as `srun` does under a batch script).
 
 Stdlib only; loads hostlist.py and layout.py from the directory above this one. Each task gets
 SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID and the step's SLURM_STEP_* variables, with Slurm's
-block distribution of tasks over the job's nodes. This node's tasks are the ranks of node
-SLURM_NODEID; trainyard runs the batch script on each node of a job, so each node's srun starts
-its own share and together they make the whole step.
+block distribution of tasks over the step's nodes. This node's tasks start here; in a batch job
+(TRAINYARD_STEP_SOCKET set: the script runs on the first node only, as in Slurm) each other node
+of the step gets its share through the node's agent and the daemon, and its output comes back
+here. Where the job runs its script on every node instead (a container job), each node's srun
+starts its own share and together they make the whole step.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 from hostlist import compress, expand  # noqa: E402
 from layout import parse_tasks_per_node, ranks_of_node, task_variables, tasks_per_node  # noqa: E402
+
+NODE_TASKS_FLAG = "--trainyard-node-tasks"  # run this node's share only (the agent's step_exec)
 
 # srun options that take a value; the ones not read here only shape placement or binding
 WITH_VALUE = {
@@ -82,11 +91,71 @@ def step_layout(opts: dict[str, str], env: dict[str, str]) -> tuple[list[str], l
     return nodes, counts
 
 
+class RemoteShare:
+    """This step's tasks on another node: one connection to this node's agent, which has the
+    daemon run them there and relays their output and exit status back."""
+
+    def __init__(self, node: str, request: dict, path: str, out_lock: threading.Lock):
+        self.node = node
+        self.request = request
+        self.path = path
+        self.out_lock = out_lock
+        self.rc: int | None = None
+        self.ended_at = 0.0
+        self.sock: socket.socket | None = None
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        try:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(self.path)
+            self.sock.sendall((json.dumps({**self.request, "node": self.node}) + "\n").encode())
+            for line in self.sock.makefile("rb"):
+                frame = json.loads(line)
+                if "end" in frame:
+                    self.rc = frame["end"]
+                    if self.rc is None:
+                        self.say(f"srun: error: {self.node}: {frame.get('reason') or 'the step did not start'}")
+                        self.rc = 1
+                    elif frame.get("reason"):
+                        self.say(f"srun: {self.node}: {frame['reason']}")
+                    break
+                stream = sys.stdout.buffer if "o" in frame else sys.stderr.buffer
+                with self.out_lock:
+                    stream.write(base64.b64decode(frame.get("o") or frame.get("e") or ""))
+                    stream.flush()
+            else:
+                self.say(f"srun: error: {self.node}: the node's agent went away before the step ended")
+                self.rc = 1
+        except (OSError, ValueError) as e:
+            self.say(f"srun: error: {self.node}: cannot start the step there: {e}")
+            self.rc = 1
+        finally:
+            self.ended_at = time.monotonic()
+            if self.sock is not None:
+                self.sock.close()
+
+    def say(self, text: str) -> None:
+        with self.out_lock:
+            print(text, file=sys.stderr, flush=True)
+
+    def cancel(self) -> None:
+        """srun was told to stop: hanging up ends the tasks on that node (SIGTERM)."""
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 def main(argv: list[str]) -> int:
     if "SLURM_JOB_ID" not in os.environ:
         print("srun: error: not inside a job (SLURM_JOB_ID is not set); submit with "
               "`trainyard slurm sbatch` or run the command directly", file=sys.stderr)
         return 1
+    node_tasks = argv[:1] == [NODE_TASKS_FLAG]
+    if node_tasks:
+        argv = argv[1:]
     opts, command = parse(argv)
     if not command:
         print("srun: error: no command to run", file=sys.stderr)
@@ -94,29 +163,47 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ)
     nodes, counts = step_layout(opts, env)
     here = env.get("SLURMD_NODENAME") or nodes[0]
-    if here not in nodes:
+    socket_path, token = env.get("TRAINYARD_STEP_SOCKET"), env.get("TRAINYARD_STEP_TOKEN")
+    out_lock = threading.Lock()
+    remote: list[RemoteShare] = []
+    if not node_tasks and socket_path and token:
+        options = argv[:len(argv) - len(command)]
+        if options[-1:] == ["--"]:
+            options = options[:-1]
+        request = {"token": token, "argv": command, "srun": options, "env": env,
+                   "cwd": os.getcwd()}
+        remote = [RemoteShare(n, request, socket_path, out_lock) for n in nodes if n != here]
+    if here not in nodes and not remote:
         return 0  # this node takes no part in the step
-    index = nodes.index(here)
+    for share in remote:
+        share.thread.start()
     step_id = int(env.get("SLURM_STEP_ID", "-1")) + 1
     tasks = []
-    for procid in ranks_of_node(counts, index):
-        task_env = {**env, **task_variables(compress(nodes), counts, index, procid, step_id)}
-        try:
-            tasks.append(subprocess.Popen(command, env=task_env))
-        except OSError as e:
-            print(f"srun: error: {command[0]}: {e.strerror}", file=sys.stderr)
-            for t in tasks:
-                t.terminate()
-            return 2
+    if here in nodes:
+        index = nodes.index(here)
+        for procid in ranks_of_node(counts, index):
+            task_env = {**env, **task_variables(compress(nodes), counts, index, procid, step_id)}
+            try:
+                tasks.append(subprocess.Popen(command, env=task_env))
+            except OSError as e:
+                print(f"srun: error: {command[0]}: {e.strerror}", file=sys.stderr)
+                for t in tasks:
+                    t.terminate()
+                for share in remote:
+                    share.cancel()
+                return 2
 
     def forward(signum, _frame):
         for t in tasks:
             if t.poll() is None:
                 t.send_signal(signum)
+        if signum in (signal.SIGINT, signal.SIGTERM):
+            for share in remote:
+                share.cancel()
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, forward)
-    first_failure = 0
+    failures: list[tuple[float, int]] = []  # (when, exit status) of each failed share
     pending = list(tasks)
     while pending:
         pid, status = os.wait()
@@ -125,10 +212,15 @@ def main(argv: list[str]) -> int:
                 pending.remove(t)  # Python 3.8 has no os.waitstatus_to_exitcode
                 code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
                 t.returncode = code
-                if code and not first_failure:
-                    first_failure = code
+                if code:
+                    failures.append((time.monotonic(), code))
                 break
-    return first_failure
+    for share in remote:
+        while share.thread.is_alive():  # a join that signals can interrupt
+            share.thread.join(0.2)
+        if share.rc:
+            failures.append((share.ended_at, share.rc))
+    return min(failures)[1] if failures else 0
 
 
 if __name__ == "__main__":
