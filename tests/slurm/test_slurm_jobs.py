@@ -191,6 +191,15 @@ srun -w "$other" bash -c 'echo "stderr from $SLURMD_NODENAME" >&2; exit 3'
 echo "srun rc=$?"
 TRAINYARD_STEP_TOKEN=0123456789abcdef0123456789abcdef srun -w "$other" true
 echo "forged token rc=$?"
+srun -w gpu-99 true
+echo "bad node rc=$?"
+python3 - <<'PY'
+import json, os, socket
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["TRAINYARD_STEP_SOCKET"])
+s.sendall(b"{not json\\n")
+print("garbage:", json.loads(s.makefile().readline())["reason"].split(":")[0])
+PY
 srun -N1 -w "$other" bash -c 'echo "one node: $SLURM_NNODES $SLURM_NTASKS $SLURMD_NODENAME"'
 exit 5
 """)
@@ -206,6 +215,11 @@ exit 5
     # a step socket request with a token no running job has is refused, and says why
     assert "forged token rc=1" in out.splitlines(), out
     assert "has this TRAINYARD_STEP_TOKEN" in err, err
+    # a node outside the allocation is refused by the daemon, naming the job's nodes
+    assert "bad node rc=1" in out.splitlines(), out
+    assert "gpu-99 is not a node of job" in err, err
+    # a malformed request gets an answer, and the node's agent goes on serving the next srun
+    assert "garbage: the request is not JSON" in out.splitlines(), out
     assert f"one node: 1 1 {other}" in out.splitlines(), out
 
 
