@@ -248,3 +248,23 @@ echo "script done"
     wait_for(lambda: subprocess.run(["pgrep", "-f", f"sleep {marker}"],
                                     capture_output=True).returncode == 1, 20,
              what=f"the step's `sleep {marker}` on the other node to be killed")
+
+
+@pytest.mark.skipif(not _bundle_ships_shims(), reason="the agent bundle does not carry the srun and "
+                    "scontrol shims yet (scheduler/nodes.py BUNDLE_MODULES)")
+def test_srun_in_a_salloc_shell_runs_a_step_across_the_allocation(slurm_cluster):
+    """salloc -N2 opens its shell on the first node; srun there starts tasks on both nodes."""
+    from tests.slurm.test_pty import in_a_terminal
+
+    d = slurm_cluster
+    rc, screen = in_a_terminal(
+        d, "salloc", "-N2", "--ntasks-per-node=2", "-J", "twonode", "sh", "-c",
+        "srun sh -c 'echo task=$SLURM_PROCID node=$SLURMD_NODENAME'; echo srun=$?", token=d.token)
+    assert rc == 0, screen
+    tasks = dict(line.strip().removeprefix("task=").split(" node=")
+                 for line in screen.splitlines() if line.startswith("task="))
+    assert sorted(tasks) == ["0", "1", "2", "3"], screen
+    # Slurm's block distribution: ranks 0-1 on the first node (the shell's), 2-3 on the other
+    assert tasks["0"] == tasks["1"] != tasks["2"] == tasks["3"], screen
+    assert {tasks["0"], tasks["2"]} == {"gpu-01", "gpu-02"}, screen
+    assert "srun=0" in screen, screen
