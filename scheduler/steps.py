@@ -276,10 +276,9 @@ class StepServer:
         if len(token) < 16:
             raise StepError(f"no job token: {TOKEN_VAR} is not set; srun reaches other nodes "
                             "only from inside a job")
-        for key in sorted(os.listdir(self.agent.jobs_dir)):
-            d = os.path.join(self.agent.jobs_dir, key)
+        for key in sorted(self.agent.watching):  # the jobs that run here (not every job dir)
             try:
-                spec = read_spec(d)
+                spec = read_spec(self.agent.job_dir(key))
             except (OSError, ValueError):
                 continue
             if hmac.compare_digest(str((spec.get("env") or {}).get(TOKEN_VAR, "")), token):
