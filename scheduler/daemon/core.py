@@ -131,6 +131,9 @@ class Daemon:
         self._logs_expire_at = 0.0
         self.leadership = Leadership(self.engine, self.db_url, lambda: self.url)
         self.store.fence = self.leadership.fence
+        # the leader keeps allocated GPUs per node in memory; a standby reads them (None)
+        live = lambda: self.store.active.gpus_used() if self.leadership.leading else None  # noqa: E731
+        self.overview.live_usage = self.readmodel.live_usage = live
         self._tasks: list[asyncio.Task] = []
         self._office: list[asyncio.Task] = []  # what only the leader runs
         self._running = False
@@ -360,7 +363,7 @@ class Daemon:
     def node_views(self, name: str | None = None) -> list[dict[str, Any]]:
         with self.store.read() as s:
             # the leader keeps allocated GPUs per node in memory; a standby reads them
-            used = self.store.active.gpus_used() if self.leadership.leading else Overview.gpu_usage(s)
+            used = self.overview.usage(s)
             if name is not None:
                 nodes = [Inventory.get(s, name)]
             else:  # rows, not ORM objects: this answers every TUI refresh on 1,000 nodes

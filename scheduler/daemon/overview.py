@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, func, select
 
 from .. import models as m
-from ..models import Event, Job, Node, Queue
+from ..models import Event, Job, Queue
 from ..planner import PolicyConfig, UsageLedger
 from .clock import Clock
-from .scheduling import _T, VIEW_COLUMNS, job_view, view_rows
+from .scheduling import _N, _T, VIEW_COLUMNS, job_view, view_rows
 from .state import StateStore, event_json
 
 
@@ -23,6 +25,13 @@ class Overview:
         self.policy = policy
         self.ledger = ledger
         self.cluster_name = cluster_name
+        # GPUs in use by node, kept in memory by the leader (None: read them from the database)
+        self.live_usage: Callable[[], dict[str, int] | None] = lambda: None
+
+    def usage(self, s: Session) -> dict[str, int]:
+        """GPUs allocated to active jobs, by node: the leader's in-memory index, else the rows."""
+        live = self.live_usage()
+        return live if live is not None else self.gpu_usage(s)
 
     @staticmethod
     def gpu_usage(s: Session) -> dict[str, int]:
@@ -38,8 +47,9 @@ class Overview:
 
     def cluster(self, version: str) -> dict[str, Any]:
         with self.store.read() as s:
-            nodes = s.exec(select(Node)).all()
-            used = self.gpu_usage(s)
+            # two columns, not Node objects (whose agent_info is large) on every TUI refresh
+            nodes = s.connection().execute(sa_select(_N.state, _N.gpus_total)).all()
+            used = self.usage(s)
             counts = self.job_counts(s)
         by_state: dict[str, int] = {}
         for state, _q, n in counts:

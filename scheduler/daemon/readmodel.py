@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from sqlalchemy import select as sa_select
 from sqlmodel import select
 
 from .. import models as m
 from ..metrics import NodeInfo
-from ..models import Node, Queue
+from ..models import Queue
 from .clock import Clock
 from .links import NodeLinks
 from .overview import Overview
-from .scheduling import _T, view_rows
+from .scheduling import _N, _T, view_rows
 from .state import StateStore
 
 
@@ -23,6 +24,7 @@ class MetricsReadModel:
         self.clock = clock
         self.team_of = team_of
         self.finished_team_gpu_s: dict[str, float] = {}
+        self.live_usage = lambda: None  # the leader's in-memory GPUs by node (Overview.usage)
 
     def job_counts(self) -> Iterable[tuple[str, str, int]]:
         with self.store.read() as s:
@@ -33,12 +35,17 @@ class MetricsReadModel:
             return list(s.exec(select(Queue.name)).all())
 
     def nodes(self) -> Iterable[NodeInfo]:
-        with self.store.read() as s:
-            rows = s.exec(select(Node)).all()
-        return [NodeInfo(n.name, n.state, n.gpus_total, (n.agent_info or {}).get("host", ""),
-                         (n.agent_info or {}).get("driver_version", "")) for n in rows]
+        info = _N.agent_info
+        with self.store.read() as s:  # two keys of agent_info, extracted by the database
+            rows = s.connection().execute(sa_select(
+                _N.name, _N.state, _N.gpus_total, info[("host",)].as_string().label("host"),
+                info[("driver_version",)].as_string().label("driver"))).all()
+        return [NodeInfo(n.name, n.state, n.gpus_total, n.host or "", n.driver or "") for n in rows]
 
     def gpu_usage(self) -> Mapping[str, int]:
+        live = self.live_usage()
+        if live is not None:
+            return live
         with self.store.read() as s:
             return Overview.gpu_usage(s)
 
