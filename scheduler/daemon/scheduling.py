@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 
-from sqlalchemy import bindparam, literal_column, update
+from sqlalchemy import bindparam, func, literal_column, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -55,6 +55,15 @@ NODE_COLUMNS = (_N.name, _N.gpus_total, _N.gpu_indices, _N.cpus, _N.mem_mb, _N.g
 # all of them are among VIEW_COLUMNS
 ACTIVE_KEY = (_T.state, _T.attempt, _T.priority, _T.nice, _T.held, _T.time_limit_s, _T.start_time,
               _T.kill_reason, _T.kill_time, _T.attained_gpu_s)
+# what the cycle reads of every pending job to know which changed (the cache key and the planner's
+# last words, to write only what changed), and of every active one
+PENDING_LIGHT = (_T.id, _T.attempt, _T.priority, _T.held, _T.reason, _T.estimated_start, _T.nice,
+                 _T.time_limit_s, _T.reason_detail)
+_PENDING_AT = {c.name: i for i, c in enumerate(PENDING_LIGHT)}
+ACTIVE_LIGHT = (_T.id, *ACTIVE_KEY)
+# the light rows are kept between cycles and only the jobs committed transactions changed are
+# read again (StateStore.changed_jobs); all of them are read again this often regardless
+FULL_READ_S = 300.0
 # pending jobs hold no allocation: skip decoding that JSON column for them
 PENDING_COLUMNS = tuple(literal_column("NULL").label("allocation") if c.name == "allocation" else c
                         for c in VIEW_COLUMNS)
@@ -123,6 +132,12 @@ class SchedulingCycle:
         self.starting_since: dict[int, float] = {}
         self._pending_cache: dict[int, tuple[tuple, JobView]] = {}
         self._active_cache: dict[int, tuple[tuple, JobView]] = {}
+        # the light rows of pending and active jobs, by id, kept up to date from the changes
+        self._pending_light: dict[int, tuple] | None = None
+        self._active_light: dict[int, tuple] | None = None
+        self._max_id = 0  # new jobs have higher ids: read with `id > _max_id`
+        self._changed: tuple[set[int], set[int]] = (set(), set())  # not yet applied: pending, active
+        self._full_read_at = 0.0
         self.refine_reason = None  # job id -> a more specific "Resources" (the autoscaler's)
         self.order = PendingOrder()  # the pending order kept between passes (no re-sort of the backlog)
         self._wake = asyncio.Event()
@@ -139,10 +154,7 @@ class SchedulingCycle:
         fetched once.
         """
         t = _T
-        light = s.connection().execute(sa_select(t.id, t.attempt, t.priority, t.held, t.reason,
-                                                 t.estimated_start, t.nice, t.time_limit_s,
-                                                 t.reason_detail)
-                                       .where(t.state == m.PENDING)).all()
+        light = self._light(s, PENDING_LIGHT, t.state == m.PENDING, pending=True)
         if now is not None:  # --begin: not a candidate before its time (Slurm's BeginTime)
             later = s.connection().execute(sa_select(t.id, t.reason).where(
                 t.state == m.PENDING, t.eligible_time > now, t.held == "")).all()
@@ -153,6 +165,7 @@ class SchedulingCycle:
                 if waiting:
                     s.execute(update(Job.__table__).where(Job.__table__.c.id.in_(waiting))
                               .values(reason=BEGIN_TIME))
+                    self._note_reasons({jid: {"reason": BEGIN_TIME} for jid in waiting})
         cache, fresh = self._pending_cache, {}
         missing = []
         for jid, attempt, prio, held, _reason, _est, nice, limit, _detail in light:
@@ -177,7 +190,7 @@ class SchedulingCycle:
         A job's request and allocation are fixed while it is active (a requeue bumps its
         attempt); what may change is in ACTIVE_KEY, read without decoding any JSON column.
         """
-        light = s.connection().execute(sa_select(_T.id, *ACTIVE_KEY).where(_T.state.in_(m.ACTIVE_STATES))).all()
+        light = self._light(s, ACTIVE_LIGHT, _T.state.in_(m.ACTIVE_STATES), pending=False)
         cache, fresh = self._active_cache, {}
         missing = []
         for r in light:
@@ -192,6 +205,63 @@ class SchedulingCycle:
                 fresh[x["id"]] = (tuple(x[c.name] for c in ACTIVE_KEY), job_view(r))
         self._active_cache = fresh
         return [fresh[r[0]][1] for r in light if r[0] in fresh]
+
+    def _light(self, s: Session, columns: tuple, where, pending: bool) -> list[tuple]:
+        """The light rows of the pending (or active) jobs, in id order: read whole on the first
+        cycle and every FULL_READ_S, else kept from the last cycle and updated with the jobs
+        committed transactions changed since (plus, for pending jobs, the new ones)."""
+        conn = s.connection()
+        mono = self.clock.monotonic()
+        changed = self.store.take_changed_jobs()
+        self._changed[0].update(changed)
+        self._changed[1].update(changed)
+        kept = self._pending_light if pending else self._active_light
+        if kept is None or mono >= self._full_read_at:
+            kept = {r[0]: tuple(r) for r in conn.execute(sa_select(*columns).where(where))}
+            if pending:
+                self._full_read_at = mono + FULL_READ_S
+                self._active_light = None  # read whole too, in this cycle
+                self._max_id = max(self._max_id, conn.execute(sa_select(func.max(_T.id))).scalar() or 0)
+        else:
+            ids = sorted(self._changed[0 if pending else 1])
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                found = {r[0]: tuple(r) for r in conn.execute(sa_select(*columns).where(
+                    _T.id.in_(chunk), where))}
+                for jid in chunk:
+                    row = found.get(jid)
+                    if row is None:
+                        kept.pop(jid, None)
+                    else:
+                        kept[jid] = row
+            if pending:
+                for r in conn.execute(sa_select(*columns).where(_T.id > self._max_id, where)):
+                    kept[r[0]] = tuple(r)
+        self._changed[0 if pending else 1].clear()
+        if pending:
+            self._max_id = max(self._max_id, max(kept, default=0))
+            self._pending_light = kept
+        else:
+            self._active_light = kept
+        return [kept[jid] for jid in sorted(kept)]
+
+    def _note_reasons(self, written: dict[int, dict[str, object]]) -> None:
+        """The cycle wrote these columns of pending jobs (reason, estimated_start, reason_detail):
+        keep its light rows in step without reading them again."""
+        kept = self._pending_light
+        if kept is None:
+            return
+        for jid, values in written.items():
+            row = kept.get(jid)
+            if row is not None:
+                row = list(row)
+                for name, value in values.items():
+                    row[_PENDING_AT[name]] = value
+                kept[jid] = tuple(row)
+
+    def forget_light_rows(self) -> None:
+        """Read every pending and active job again on the next cycle."""
+        self._pending_light = self._active_light = None
 
     def snapshot(self, s: Session, now: float) -> tuple[Snapshot | None, dict[int, tuple]]:
         pending, rows = self.pending_views(s, now)
@@ -249,6 +319,12 @@ class SchedulingCycle:
             decisions = plan(snap, now, self.policy, self.order)
             for st in decisions.starts:
                 job = s.get(Job, st.job_id)
+                if job is None or job.state != m.PENDING or job.held:
+                    # the cycle's rows were out of date: never start it, and read them all again
+                    log.warning("job %s was planned to start but is %s; re-reading the backlog",
+                                st.job_id, "gone" if job is None else job.state)
+                    self.forget_light_rows()
+                    continue
                 job.allocation = [{"node": n, "gpus": list(g)} for n, g in st.allocation]
                 job.start_time = now
                 job.estimated_start = None
@@ -296,6 +372,8 @@ class SchedulingCycle:
             s.execute(update(t).where(t.c.id == bindparam("b_id"))
                       .values(reason=bindparam("b_reason"), estimated_start=bindparam("b_est"),
                               reason_detail=bindparam("b_detail")), changed)
+            self._note_reasons({c["b_id"]: {"reason": c["b_reason"], "estimated_start": c["b_est"],
+                                            "reason_detail": c["b_detail"]} for c in changed})
 
     async def loop(self, running) -> None:
         while running():

@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from itertools import chain
 from types import SimpleNamespace
 
-from sqlalchemy import insert
+from sqlalchemy import event, insert
 from sqlalchemy import select as sa_select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
@@ -71,6 +72,16 @@ class ActiveIndex:
         return len(self.nodes_of)
 
 
+@event.listens_for(Session, "after_flush")
+def _note_flushed_jobs(session: Session, _context) -> None:
+    """Collect the ids of the jobs a transaction of StateStore.tx() wrote (see changed_jobs)."""
+    touched = session.info.get("jobs_touched")
+    if touched is not None:
+        for obj in chain(session.new, session.dirty, session.deleted):
+            if isinstance(obj, Job) and obj.id is not None:
+                touched.add(obj.id)
+
+
 class StateStore:
     """One transaction per change; events and index updates take effect only after the commit."""
 
@@ -82,6 +93,10 @@ class StateStore:
         self.on_job_state: list[Callable[[Job, str], None]] = []  # metrics, notifications
         # set by the leadership: aborts a write transaction of a daemon that does not lead
         self.fence: Callable[[object], None] | None = None
+        # ids of jobs whose rows committed transactions changed through the ORM (every change of
+        # an existing job does; new jobs are Core inserts with higher ids): what the scheduling
+        # cycle re-reads instead of the whole backlog (take_changed_jobs)
+        self.changed_jobs: set[int] = set()
 
     def load_index(self) -> None:
         t = Job.__table__.c
@@ -96,8 +111,10 @@ class StateStore:
         s = Session(self.engine, expire_on_commit=False)
         events: list[dict] = []
         after: list[Callable[[], None]] = []
+        touched: set[int] = set()
         s.info["events"] = events
         s.info["after"] = after
+        s.info["jobs_touched"] = touched
         try:
             if self.fence is not None:
                 self.fence(s.connection())
@@ -108,6 +125,7 @@ class StateStore:
             raise
         finally:
             s.close()
+        self.changed_jobs |= touched
         for fn in after:
             try:
                 fn()
@@ -115,6 +133,11 @@ class StateStore:
                 log.exception("after-commit hook failed")
         for ev in events:
             self.publish(ev)
+
+    def take_changed_jobs(self) -> set[int]:
+        """The jobs changed since the last call (for one reader: the scheduling cycle)."""
+        out, self.changed_jobs = self.changed_jobs, set()
+        return out
 
     def read(self) -> Session:
         return Session(self.engine)

@@ -1,0 +1,121 @@
+"""The scheduling cycle keeps the backlog's rows between cycles and re-reads only the jobs that
+committed transactions changed: after any mix of submissions, holds, releases, priority and time
+limit changes, cancels, starts, ends and requeues, what it plans with equals a full read."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from sqlmodel import select
+
+from scheduler import models as m
+from scheduler.config import DaemonConfig
+from scheduler.daemon import Daemon, ManualClock
+from scheduler.daemon.caller import Caller
+from scheduler.daemon.errors import DomainError
+from scheduler.daemon.jobs import JobRequest
+from scheduler.daemon.lifecycle import RankExit
+from scheduler.daemon.scheduling import SchedulingCycle
+from scheduler.models import Job
+
+ADMIN = Caller("root", "admin")
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    clock = ManualClock()
+    d = Daemon(DaemonConfig(), tmp_path / "home", clock=clock)
+    d.prepare()
+    yield d, clock
+    d.engine.dispose()
+
+
+def planned(cycle: SchedulingCycle, d: Daemon, now: float):
+    """What a cycle plans with: the pending views (ids, requests) and the active ones."""
+    with d.store.tx() as s:
+        pending, rows = cycle.pending_views(s, now)
+        active = cycle.active_views(s)
+    return ([(v.id, v.priority, v.held, v.nice, v.time_limit_s, v.gpus) for v in pending],
+            rows, [(v.id, v.start_time, v.allocation, v.preempted_at) for v in active])
+
+
+def fresh(d: Daemon, now: float):
+    c = SchedulingCycle(d.store, d.links, d.health, d.lifecycle, d.dispatcher, d.clock, d.policy,
+                        d.ledger, 1.0, d.metrics)
+    c.store = _NoChanges(d.store)
+    return planned(c, d, now)
+
+
+class _NoChanges:
+    """The store as a brand-new cycle sees it (a full read), without taking the live cycle's
+    pending changes away from it."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def take_changed_jobs(self) -> set[int]:
+        return set()
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def start(d: Daemon, clock: ManualClock, job_id: int) -> None:
+    """What the cycle and the agent's `started` do, without a node: the job RUNNING on n1."""
+    with d.store.tx() as s:
+        job = s.get(Job, job_id)
+        job.allocation = [{"node": "n1", "gpus": [0]}]
+        job.start_time = clock.time()
+        d.store.set_state(s, job, m.CONFIGURING, "")
+        d.store.set_state(s, job, m.RUNNING, "")
+
+
+def end(d: Daemon, job_id: int, rc: int) -> None:
+    with d.store.tx() as s:
+        job = s.get(Job, job_id)
+        d.lifecycle.finish(s, job, {"n1": RankExit(rc)})
+
+
+def test_the_kept_backlog_equals_a_full_read_after_every_kind_of_change(daemon):
+    d, clock = daemon
+    rng = random.Random(7)
+    ids: list[int] = []
+    for step in range(400):
+        clock.advance(rng.uniform(0.1, 5))
+        op = rng.choice(("submit", "submit", "array", "hold", "release", "priority", "limit",
+                         "cancel", "start", "end", "requeue", "cycle"))
+        try:
+            if op == "submit" or not ids:
+                ids.append(d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=rng.randint(0, 2),
+                                                           time_limit_s=rng.choice((None, 600))))["id"])
+            elif op == "array":
+                d.jobs.submit(ADMIN, JobRequest(command=["true"], array="0-3%2"))
+                with d.store.read() as s:
+                    ids[:] = [j.id for j in s.exec(select(Job)).all()]
+            elif op in ("hold", "release", "cancel", "requeue"):
+                d.jobs.act(ADMIN, rng.choice(ids), op)
+            elif op == "priority":
+                d.jobs.set_priority(ADMIN, rng.choice(ids), rng.randint(0, 100))
+            elif op == "limit":
+                d.jobs.set_time_limit(ADMIN, rng.choice(ids), rng.choice((60, 3600)))
+            elif op == "start":
+                with d.store.read() as s:
+                    waiting = [j.id for j in s.exec(select(Job).where(Job.state == m.PENDING, Job.held == ""))]
+                if waiting:
+                    start(d, clock, rng.choice(waiting))
+            elif op == "end":
+                with d.store.read() as s:
+                    running = [j.id for j in s.exec(select(Job).where(Job.state == m.RUNNING))]
+                if running:
+                    end(d, rng.choice(running), rng.choice((0, 1)))
+            else:
+                d.cycle.run_once()
+        except DomainError:
+            pass  # e.g. releasing a job that is not held: refused, and nothing changed
+        if step % 3 == 0:
+            now = clock.time()
+            assert planned(d.cycle, d, now) == fresh(d, now), f"after step {step} ({op})"
+    with d.store.read() as s:
+        states = {j.state for j in s.exec(select(Job)).all()}
+    assert {m.PENDING, m.RUNNING} <= states and len(ids) > 50  # the mix reached every kind of row
