@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 
 from sqlalchemy import bindparam, func, literal_column, update
 from sqlalchemy import select as sa_select
@@ -112,6 +113,26 @@ def view_rows(s: Session, columns, *where) -> list:
     return s.connection().execute(sa_select(*columns).where(*where)).all()
 
 
+class WaitColumns(Mapping):
+    """A pending job's last reason, estimated start, hold and words, by id, read from the kept
+    light rows (no per-cycle copy of the backlog)."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: dict[int, tuple]):
+        self.rows = rows
+
+    def __getitem__(self, jid: int) -> tuple:
+        r = self.rows[jid]  # PENDING_LIGHT: id, attempt, priority, held, reason, est, nice, limit, detail
+        return r[4], r[5], r[3], r[8]
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
 class SchedulingCycle:
     """Plans with the pure planner and commits its decisions before anything is sent to a node."""
 
@@ -138,6 +159,7 @@ class SchedulingCycle:
         self._max_id = 0  # new jobs have higher ids: read with `id > _max_id`
         self._changed: tuple[set[int], set[int]] = (set(), set())  # not yet applied: pending, active
         self._full_read_at = 0.0
+        self._node_rows: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
         self.refine_reason = None  # job id -> a more specific "Resources" (the autoscaler's)
         self.order = PendingOrder()  # the pending order kept between passes (no re-sort of the backlog)
         self._wake = asyncio.Event()
@@ -146,7 +168,7 @@ class SchedulingCycle:
         self._wake.set()
 
     # ---------------------------------------------------------------- 1. snapshot
-    def pending_views(self, s: Session, now: float | None = None) -> tuple[list[JobView], dict[int, tuple]]:
+    def pending_views(self, s: Session, now: float | None = None) -> tuple[list[JobView], Mapping[int, tuple]]:
         """The pending jobs as JobViews, decoded only when new or changed since the last cycle.
 
         While a job stays PENDING only its priority, nice, hold and time limit (`scontrol update`)
@@ -181,8 +203,7 @@ class SchedulingCycle:
                                   job_view(r))
         self._pending_cache = fresh
         views = [fresh[jid][1] for jid, *_ in light if jid in fresh]
-        return views, {jid: (reason, est, held, detail)
-                       for jid, _a, _p, held, reason, est, _n, _l, detail in light}
+        return views, WaitColumns(self._pending_light or {})
 
     def active_views(self, s: Session) -> list[JobView]:
         """The active jobs as JobViews, decoded only when new or changed since the last cycle.
@@ -261,15 +282,17 @@ class SchedulingCycle:
 
     def forget_light_rows(self) -> None:
         """Read every pending and active job again on the next cycle."""
-        self._pending_light = self._active_light = None
+        self._pending_light = self._active_light = self._node_rows = None
 
-    def snapshot(self, s: Session, now: float) -> tuple[Snapshot | None, dict[int, tuple]]:
+    def snapshot(self, s: Session, now: float) -> tuple[Snapshot | None, Mapping[int, tuple]]:
         pending, rows = self.pending_views(s, now)
         if not pending:
             return None, {}
         # the columns the planner needs, as plain rows: a Node object per node per cycle (and
         # its health-check and telemetry columns) cost more than planning at 1,000 nodes
-        nodes = view_rows(s, NODE_COLUMNS)
+        if self._node_rows is None or self._node_rows[0] != self.store.nodes_version:
+            self._node_rows = (self.store.nodes_version, view_rows(s, NODE_COLUMNS))
+        nodes = self._node_rows[1]
         active = self.active_views(s)
         used: dict[str, set[int]] = {}
         cpus_used: dict[str, int] = {}
@@ -294,7 +317,8 @@ class SchedulingCycle:
             ))
         deps: set[int] = set()
         for j in pending:
-            deps.update(depends_on(j.dependency))
+            if j.dependency:  # most jobs have none: no parsing for them, each cycle
+                deps.update(depends_on(j.dependency))
         finished = {}
         if deps:
             finished = dict(s.exec(select(Job.id, Job.state).where(col(Job.id).in_(deps))).all())
@@ -352,7 +376,7 @@ class SchedulingCycle:
             self.dispatcher.dispatch(job)
         return len(started)
 
-    def _commit_waits(self, s: Session, waits, rows: dict[int, tuple]) -> None:
+    def _commit_waits(self, s: Session, waits, rows: Mapping[int, tuple]) -> None:
         """Write only the pending reasons and estimated starts that changed (one batched UPDATE)."""
         changed = []
         for w in waits:

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from .. import models as m
-from ..models import Event, Job
+from ..models import Event, Job, Node
 from .clock import Clock
 
 log = logging.getLogger("trainyard.daemon")
@@ -80,6 +80,8 @@ def _note_flushed_jobs(session: Session, _context) -> None:
         for obj in chain(session.new, session.dirty, session.deleted):
             if isinstance(obj, Job) and obj.id is not None:
                 touched.add(obj.id)
+            elif isinstance(obj, Node):
+                session.info["nodes_touched"] = True
 
 
 class StateStore:
@@ -97,6 +99,7 @@ class StateStore:
         # an existing job does; new jobs are Core inserts with higher ids): what the scheduling
         # cycle re-reads instead of the whole backlog (take_changed_jobs)
         self.changed_jobs: set[int] = set()
+        self.nodes_version = 0  # bumped by every committed transaction that wrote a node
 
     def load_index(self) -> None:
         t = Job.__table__.c
@@ -126,6 +129,8 @@ class StateStore:
         finally:
             s.close()
         self.changed_jobs |= touched
+        if s.info.get("nodes_touched"):
+            self.nodes_version += 1
         for fn in after:
             try:
                 fn()

@@ -17,7 +17,7 @@ from scheduler.daemon.errors import DomainError
 from scheduler.daemon.jobs import JobRequest
 from scheduler.daemon.lifecycle import RankExit
 from scheduler.daemon.scheduling import SchedulingCycle
-from scheduler.models import Job
+from scheduler.models import Job, Node
 
 ADMIN = Caller("root", "admin")
 
@@ -27,6 +27,11 @@ def daemon(tmp_path):
     clock = ManualClock()
     d = Daemon(DaemonConfig(), tmp_path / "home", clock=clock)
     d.prepare()
+    d.links.connected = lambda name: True  # nodes without agents: their rows are what counts here
+    with d.store.tx() as s:
+        for i in range(3):
+            s.add(Node(name=f"n{i}", address="127.0.0.1", state=m.UP, gpus_total=4,
+                       gpu_indices=[0, 1, 2, 3], cpus=32, mem_mb=64000))
     yield d, clock
     d.engine.dispose()
 
@@ -34,10 +39,12 @@ def daemon(tmp_path):
 def planned(cycle: SchedulingCycle, d: Daemon, now: float):
     """What a cycle plans with: the pending views (ids, requests) and the active ones."""
     with d.store.tx() as s:
-        pending, rows = cycle.pending_views(s, now)
-        active = cycle.active_views(s)
-    return ([(v.id, v.priority, v.held, v.nice, v.time_limit_s, v.gpus) for v in pending],
-            rows, [(v.id, v.start_time, v.allocation, v.preempted_at) for v in active])
+        snap, rows = cycle.snapshot(s, now)
+    if snap is None:
+        return None
+    return ([(v.id, v.priority, v.held, v.nice, v.time_limit_s, v.gpus) for v in snap.pending],
+            dict(rows), [(v.id, v.start_time, v.allocation, v.preempted_at) for v in snap.running],
+            [(n.name, n.free_gpus, n.schedulable, n.labels) for n in snap.nodes])
 
 
 def fresh(d: Daemon, now: float):
@@ -84,7 +91,7 @@ def test_the_kept_backlog_equals_a_full_read_after_every_kind_of_change(daemon):
     for step in range(400):
         clock.advance(rng.uniform(0.1, 5))
         op = rng.choice(("submit", "submit", "array", "hold", "release", "priority", "limit",
-                         "cancel", "start", "end", "requeue", "cycle"))
+                         "cancel", "start", "end", "requeue", "cycle", "node"))
         try:
             if op == "submit" or not ids:
                 ids.append(d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=rng.randint(0, 2),
@@ -99,6 +106,12 @@ def test_the_kept_backlog_equals_a_full_read_after_every_kind_of_change(daemon):
                 d.jobs.set_priority(ADMIN, rng.choice(ids), rng.randint(0, 100))
             elif op == "limit":
                 d.jobs.set_time_limit(ADMIN, rng.choice(ids), rng.choice((60, 3600)))
+            elif op == "node":  # an operator drains a node, or it comes back
+                with d.store.tx() as s:
+                    node = s.get(Node, f"n{rng.randint(0, 2)}")
+                    node.state = m.DRAINED if node.state == m.UP else m.UP
+                    node.labels = {"rack": str(rng.randint(1, 3))}
+                    s.add(node)
             elif op == "start":
                 with d.store.read() as s:
                     waiting = [j.id for j in s.exec(select(Job).where(Job.state == m.PENDING, Job.held == ""))]
