@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import asyncssh
+import orjson
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -51,6 +52,7 @@ from .tokens import Tokens
 from .views import node_json
 
 log = logging.getLogger("trainyard.daemon")
+NODES_RENDER_MAX_AGE_S = 1.0  # how old a reused GET /v1/nodes may be (see Daemon.nodes_listing)
 
 
 class Daemon:
@@ -136,6 +138,7 @@ class Daemon:
         self.overview.live_usage = self.readmodel.live_usage = live
         self._tasks: list[asyncio.Task] = []
         self._office: list[asyncio.Task] = []  # what only the leader runs
+        self._nodes_render: tuple[tuple, float, bytes] | None = None  # (key, when, JSON)
         self._running = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -361,6 +364,26 @@ class Daemon:
                     self.inventory.mark_down(s, node, since, now)
 
     # ---------------------------------------------------------------- node views
+    def nodes_listing(self) -> bytes:
+        """GET /v1/nodes as JSON. On the leader the rendering is reused for up to
+        NODES_RENDER_MAX_AGE_S (GPU telemetry arrives every few seconds; at 1,000 nodes the
+        listing is ~3 MB) and made again at once when a node's row, link, allocated GPUs or
+        health changes, so a drain or a job's start shows on the very next request."""
+        key = None
+        if self.leadership.leading:
+            excluded = self.health.excluded
+            key = (self.store.nodes_version, frozenset(self.store.active.gpus_on.items()),
+                   self.links.state_key(),
+                   tuple((n, tuple(sorted(g.items()))) for n, g in sorted(excluded.items()) if g))
+        now = self.clock.monotonic()
+        cached = self._nodes_render
+        if key is not None and cached is not None and cached[0] == key \
+                and now - cached[1] < NODES_RENDER_MAX_AGE_S:
+            return cached[2]
+        body = orjson.dumps(self.node_views(), option=orjson.OPT_NON_STR_KEYS)
+        self._nodes_render = (key, now, body) if key is not None else None
+        return body
+
     def node_views(self, name: str | None = None) -> list[dict[str, Any]]:
         with self.store.read() as s:
             # the leader keeps allocated GPUs per node in memory; a standby reads them

@@ -65,6 +65,11 @@ class NodeLinks:
         link = self._links.get(name)
         return link is not None and link.connected
 
+    def state_key(self) -> int:
+        """Changes whenever a link comes up, goes down or fails differently (cheap to compare)."""
+        return hash((tuple((name, link.connected) for name, link in self._links.items()),
+                     tuple(self.errors.items())))
+
     def connected_count(self) -> int:
         return sum(link.connected for link in self._links.values())
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Path
+from fastapi import APIRouter, Body, Depends, Path, Response
 from pydantic import ValidationError
 
 from ...daemon import Caller, DomainError, NodeRequest
@@ -39,7 +39,7 @@ def _request(body: NodeAdd) -> NodeRequest:
 
 @router.get("", response_model=list[NodeRead], responses=responses())
 async def list_nodes(d: DaemonDep, who: Anyone):
-    return Json(d.node_views())
+    return Response(d.nodes_listing(), media_type="application/json")
 
 
 @router.get("/{name}", response_model=NodeRead, responses=responses(404))
