@@ -217,6 +217,7 @@ class Daemon:
     async def _start_office(self) -> None:
         """The leader's work: node links, notifications, the scheduling and housekeeping loops."""
         self.cycle.forget_light_rows()  # another daemon may have led meanwhile: read everything
+        self.jobs.forget_cached()
         with self.store.read() as s:
             for node in s.exec(select(Node)).all():
                 self.links.start(node)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import func, insert, update
+from sqlalchemy import insert, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, select
 
@@ -105,6 +105,14 @@ class JobService:
         self.policy = policy
         self.wake = wake
         self._group: list[tuple[Caller, JobRequest, asyncio.Future]] = []  # submit_grouped's
+        # what every submission checks against, kept until a transaction writes a queue or a
+        # node: (StateStore.queues_version, {name: row}), (nodes_version, GPUs per node, largest)
+        self._queues: tuple[int, dict] = (-1, {})
+        self._sizes: tuple[int, list[int], tuple | None] = (-1, [], None)
+
+    def forget_cached(self) -> None:
+        """Read queues and node sizes again (another daemon may have led meanwhile)."""
+        self._queues, self._sizes = (-1, {}), (-1, [], None)
 
     # ---------------------------------------------------------------- reads
     def get(self, caller: Caller, job_id: int) -> dict[str, Any]:
@@ -256,11 +264,14 @@ class JobService:
 
     def _queue(self, s: Session, name: str):
         """A queue (name and time limits) by its name or one of its partition aliases."""
-        # a row, not an ORM object: this runs on every submission
-        t = Queue.__table__
-        queue = s.connection().execute(
-            sa_select(t.c.name, t.c.default_time_limit_s, t.c.max_time_limit_s)
-            .where(t.c.name == self.aliases.get(name, name))).first()
+        # rows, not ORM objects, read once per change of the queue table: this runs on every
+        # submission
+        if self._queues[0] != self.store.queues_version:
+            t = Queue.__table__
+            rows = s.connection().execute(
+                sa_select(t.c.name, t.c.default_time_limit_s, t.c.max_time_limit_s)).all()
+            self._queues = (self.store.queues_version, {r.name: r for r in rows})
+        queue = self._queues[1].get(self.aliases.get(name, name))
         if queue is None:
             names = ", ".join(q.name for q in s.exec(select(Queue).order_by(Queue.name)).all())
             aliases = ", ".join(f"{a} (= {q})" for a, q in sorted(self.aliases.items()))
@@ -287,12 +298,15 @@ class JobService:
                                "specification); node features are labels: `trainyard node add --label`",
                                "features")
 
-    @staticmethod
-    def _check_fits(s: Session, req: JobRequest) -> None:
-        # two aggregate queries, not a read of every node: this runs on every submission
-        t = Node.__table__.c
-        largest = s.connection().execute(sa_select(t.gpus_total, t.name).order_by(
-            t.gpus_total.desc(), t.name.desc()).limit(1)).first()
+    def _check_fits(self, s: Session, req: JobRequest) -> None:
+        # node sizes read once per change of the node table: this runs on every submission
+        if self._sizes[0] != self.store.nodes_version:
+            t = Node.__table__.c
+            rows = s.connection().execute(sa_select(t.gpus_total, t.name).order_by(
+                t.gpus_total.desc(), t.name.desc())).all()
+            self._sizes = (self.store.nodes_version, [r[0] for r in rows],
+                           tuple(rows[0]) if rows else None)
+        _, sizes, largest = self._sizes
         if largest is None:
             return  # nothing registered yet: the job waits for nodes
         if req.gpus > largest[0]:
@@ -300,7 +314,7 @@ class JobService:
                           f"(largest: {largest[0]} on {largest[1]}); use --nodes to spread the job", "gpus")
         if req.nodes <= 1:
             return
-        enough = s.connection().execute(sa_select(func.count()).where(t.gpus_total >= req.gpus)).scalar()
+        enough = sum(1 for g in sizes if g >= req.gpus)
         if req.nodes > enough:
             raise Conflict(f"nodes: {req.nodes} nodes with {req.gpus} GPUs each requested, "
                           f"but the cluster has only {enough} such nodes", "nodes")

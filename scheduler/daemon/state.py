@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from .. import models as m
-from ..models import Event, Job, Node
+from ..models import Event, Job, Node, Queue
 from .clock import Clock
 
 log = logging.getLogger("trainyard.daemon")
@@ -80,8 +80,8 @@ def _note_flushed_jobs(session: Session, _context) -> None:
         for obj in chain(session.new, session.dirty, session.deleted):
             if isinstance(obj, Job) and obj.id is not None:
                 touched.add(obj.id)
-            elif isinstance(obj, Node):
-                session.info["nodes_touched"] = True
+            elif isinstance(obj, (Node, Queue)):
+                session.info["tables_touched"].add(obj.__tablename__)
 
 
 class StateStore:
@@ -99,7 +99,10 @@ class StateStore:
         # an existing job does; new jobs are Core inserts with higher ids): what the scheduling
         # cycle re-reads instead of the whole backlog (take_changed_jobs)
         self.changed_jobs: set[int] = set()
-        self.nodes_version = 0  # bumped by every committed transaction that wrote a node
+        # bumped by every committed transaction that wrote a node (a queue): what caches of
+        # those rows compare
+        self.nodes_version = 0
+        self.queues_version = 0
 
     def load_index(self) -> None:
         t = Job.__table__.c
@@ -118,6 +121,7 @@ class StateStore:
         s.info["events"] = events
         s.info["after"] = after
         s.info["jobs_touched"] = touched
+        s.info["tables_touched"] = tables = set()
         try:
             if self.fence is not None:
                 self.fence(s.connection())
@@ -129,8 +133,10 @@ class StateStore:
         finally:
             s.close()
         self.changed_jobs |= touched
-        if s.info.get("nodes_touched"):
+        if "node" in tables:
             self.nodes_version += 1
+        if "queue" in tables:
+            self.queues_version += 1
         for fn in after:
             try:
                 fn()
