@@ -1,9 +1,11 @@
 """The node agent: starts jobs, reports their ends and the node's GPUs, over typed JSON lines.
 
 The daemon uploads it as a bundle (agent, protocol, gpus, nodestate, accounts, fencing,
-jobstep; standard library only, pynvml when the node has it) and runs it over one SSH
-channel; the messages are protocol.py's. Every job runs under its own job step
+jobstep, zygote, ...; standard library only, pynvml when the node has it) and runs it over one
+SSH channel; the messages are protocol.py's. Every job runs under its own job step
 (jobstep.py) in a session of its own, so it survives the agent, the SSH link and the daemon;
+the step is forked from a pre-loaded zygote (zygote.py), or started as a fresh interpreter
+(`wrap`) when there is none;
 the step writes the job's exit status to `<dir>/jobs/<key>/rc`, and whoever asks later
 reads it from there. Each job's output (`<dir>/jobs/<key>/log`) is streamed to the daemon as
 it is written (`OutputStreams`), a bounded window ahead of the daemon's acknowledgements.
@@ -34,6 +36,7 @@ if __package__:
     from .gpus import GPU_FIELDS, Gpus, job_of_pid
     from .nodefiles import install_public, own_file, write_atomic
     from .outputs import OutputStreams
+    from .zygote import Zygote
 else:  # inside the agent's bundle on a node
     import containers
     import fencing
@@ -45,6 +48,7 @@ else:  # inside the agent's bundle on a node
     from gpus import GPU_FIELDS, Gpus, job_of_pid
     from nodefiles import install_public, own_file, write_atomic
     from outputs import OutputStreams
+    from zygote import Zygote
 
 __all__ = ["Agent", "GPU_FIELDS", "Gpus", "job_of_pid", "main"]
 
@@ -115,6 +119,7 @@ class Agent:
         self.step_server = steps.StepServer(self)  # srun in a job here, to the job's other nodes
         self.step_runner = steps.StepRunner(self)  # steps that other nodes' srun start here
         self._slurm_bin: str | None = None  # see slurm_shims(); "" once they cannot be installed
+        self.zygote = Zygote(self.entry)  # forks each job's supervisor (zygote.py)
 
     def claim_dir(self) -> None:
         """Take the node-local directory; StateDirError says why it cannot be used."""
@@ -164,12 +169,9 @@ class Agent:
         if spec is None:  # the job failed before it started (its rc and log are written)
             self.report(key)
             return
-        self.wrappers[key] = subprocess.Popen(
-            # -S: the supervisor needs only the standard library; no site-packages to scan
-            [sys.executable, "-S", self.entry, "wrap", d], cwd=d, env=dict(os.environ),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True,
-        )
+        supervisor = self.zygote.launch(d)  # None: forked by the zygote, not the agent's child
+        if supervisor is not None:  # a fresh interpreter (no zygote): the agent reaps it
+            self.wrappers[key] = supervisor
 
     def prepare(self, d: str, msg: P.Launch):
         """Resolve the job's account, directory, cgroups and environment; write spec.json."""
@@ -575,6 +577,12 @@ def main(argv: list) -> int:
         else:
             import jobstep  # noqa: PLC0415
         return jobstep.main(argv[1:])
+    if argv[:1] == ["zygote"]:
+        if __package__:
+            from . import zygote  # noqa: PLC0415
+        else:
+            import zygote  # noqa: PLC0415
+        return zygote.main(argv[1:])
     import argparse  # noqa: PLC0415
 
     p = argparse.ArgumentParser(prog="trainyard-agent")
@@ -609,6 +617,7 @@ def main(argv: list) -> int:
         agent.send(P.Error(str(e), fatal=True))
         sys.stderr.write(f"trainyard agent: {e}\n")
         return 3
+    agent.zygote.start()  # it loads while the agent says hello
     agent.run()
     return 0
 

@@ -40,15 +40,20 @@ log = logging.getLogger("trainyard.nodes")
 HERE = Path(__file__).parent
 # The agent's bundle: what real nodes run. The demo's GPU simulator (simgpu.py) is not in it.
 BUNDLE_MODULES = ("agent", "protocol", "gpus", "nodestate", "accounts", "fencing", "jobstep",
-                  "containers", "nodefiles", "outputs", "ptys", "steps",
+                  "containers", "nodefiles", "outputs", "ptys", "steps", "zygote",
                   # Slurm's srun and scontrol inside jobs, and what they import
                   "slurm/hostlist", "slurm/layout", "slurm/shims/srun", "slurm/shims/scontrol")
-# `wrap` (a job's supervisor, one process per job) imports only what it needs, not the agent
+# `wrap` (a job's supervisor as a fresh interpreter) and `zygote` (the process that forks them)
+# import only what they need, not the agent
 BUNDLE_MAIN = ("import sys\n\nif sys.argv[1:2] == ['wrap']:\n    import jobstep\n\n"
-               "    sys.exit(jobstep.main(sys.argv[2:]))\nimport agent\n\nsys.exit(agent.main(sys.argv[1:]))\n")
+               "    sys.exit(jobstep.main(sys.argv[2:]))\n"
+               "if sys.argv[1:2] == ['zygote']:\n    import zygote\n\n"
+               "    sys.exit(zygote.main(sys.argv[2:]))\n"
+               "import agent\n\nsys.exit(agent.main(sys.argv[1:]))\n")
 MIN_PYTHON = (3, 8)
 # The sudo privilege mode: the bundle as the trainyard_node role installs it (root-owned), and
-# the one command line its sudo rule allows (`--node` first: `wrap` can never be the command).
+# the one command line its sudo rule allows (`--node` first: `wrap` and `zygote` can never be the
+# command).
 INSTALLED_AGENT = "/usr/local/lib/trainyard/agent.pyz"
 SYSTEM_PYTHON = "/usr/bin/python3"
 PRIVILEGES = ("login", "sudo")

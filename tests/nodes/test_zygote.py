@@ -1,0 +1,266 @@
+"""Job supervisors forked by the agent's zygote: detached from the agent, never orphaned zygotes,
+a fresh interpreter when the zygote is gone, each job run once, no zombies or leaked fds."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from scheduler.nodes import agent_bundle
+from scheduler.zygote import Zygote, claim
+from tests.conftest import wait_for
+from tests.scheduler.test_agent import AGENT, Agent
+
+
+def stat_of(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name: [state, ppid, pgrp, session, ...]; None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    st = stat_of(pid)
+    return st is not None and st[0] != "Z"
+
+
+def children(pid: int) -> dict[int, str]:
+    """The processes whose parent is `pid`, with their state letter."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = stat_of(int(entry))
+            if st is not None and int(st[1]) == pid:
+                out[int(entry)] = st[0]
+    return out
+
+
+def cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+class AgentProc(Agent):
+    """test_agent.py's agent process, started from `argv` (the source tree's agent by default),
+    with its stderr kept in a file."""
+
+    def __init__(self, root: Path, argv: list | None = None):
+        self.stderr_path = root.parent / f"agent-{time.monotonic_ns()}.stderr"
+        # simulated GPUs: jobs run as this account (as on the demo's nodes), not as owners
+        env = {**os.environ, "TRAINYARD_SIM_GPUS": "4", "TRAINYARD_SIM_PLUGIN_DIR": str(AGENT.parent)}
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                argv or [sys.executable, str(AGENT), "--root", str(root), "--telemetry", "0"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        self.root = root
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.hello = self.read()
+
+    def launch(self, key: str, argv: list) -> int:
+        """Start a job, wait until it runs; its supervisor's pid."""
+        self.send(op="launch", key=key, job_id=int(key.split(".")[0]), argv=argv)
+        self.wait_for("started", key)
+        return int((self.root / "jobs" / key / "wpid").read_text())
+
+    def zygote(self) -> int:
+        """The pid of the agent's zygote (started with the agent)."""
+        found = wait_for(lambda: [p for p in children(self.proc.pid) if "zygote" in cmdline(p)],
+                         what="the agent's zygote")
+        assert len(found) == 1, found
+        return found[0]
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+
+@pytest.fixture
+def jobs_to_end():
+    """Process groups of jobs a test leaves running: ended after it."""
+    groups: list[int] = []
+    yield groups
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def job_pid(root: Path, key: str) -> int:
+    return int((root / "jobs" / key / "pid").read_text())
+
+
+def test_a_job_started_through_the_zygote_outlives_the_agent_killed_with_sigkill(tmp_path,
+                                                                                 jobs_to_end):
+    root = tmp_path / "agent"
+    first = AgentProc(root)
+    zygote = first.zygote()
+    supervisor = first.launch("1.0", ["sleep", "60"])
+    jobs_to_end.append(job_pid(root, "1.0"))
+    st = stat_of(supervisor)
+    assert int(st[1]) == zygote, "forked by the zygote, not started by the agent"
+    assert int(st[3]) == supervisor, "the supervisor leads a session of its own"
+    first.proc.kill()
+    first.proc.wait()
+    wait_for(lambda: not alive(zygote), what="the zygote to end with its agent")
+    assert alive(supervisor) and alive(job_pid(root, "1.0"))
+    second = AgentProc(root)
+    try:
+        second.send(op="sync", id=1)
+        jobs = {j["key"]: j for j in second.wait_for("jobs")["jobs"]}
+        assert jobs["1.0"]["state"] == "running"
+        second.send(op="signal", key="1.0", sig="KILL")
+        assert second.wait_for("exited", "1.0")["rc"] == 128 + signal.SIGKILL
+    finally:
+        second.close()
+
+
+def threads(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("Threads:", 1)[1].split()[0])
+
+
+def test_a_supervisor_holds_nothing_of_the_agent(tmp_path, jobs_to_end):
+    root = tmp_path / "agent"
+    agent = AgentProc(root)
+    try:
+        supervisor = agent.launch("1.0", ["sleep", "60"])
+        jobs_to_end.append(job_pid(root, "1.0"))
+        assert threads(agent.proc.pid) > 1 and threads(agent.zygote()) == 1
+        assert threads(supervisor) == 1
+        fds = {int(fd): os.readlink(f"/proc/{supervisor}/fd/{fd}")
+               for fd in os.listdir(f"/proc/{supervisor}/fd")}
+        assert {fds[0], fds[1], fds[2]} == {os.devnull}
+        # beside them only the job's log, which the job step opened: no socket, pipe or file
+        # of the agent's or the zygote's
+        assert set(fds.values()) == {os.devnull, str(root / "jobs" / "1.0" / "log")}
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize("how", ["daemon goes away", "agent killed"])
+def test_the_zygote_ends_with_its_agent(tmp_path, how):
+    agent = AgentProc(tmp_path / "agent")
+    zygote = agent.zygote()
+    if how == "daemon goes away":
+        agent.close()  # end of file on the agent's channel: it exits
+    else:
+        agent.proc.kill()
+        agent.proc.wait()
+    wait_for(lambda: not alive(zygote), what=f"the zygote to end ({how})")
+
+
+def test_a_killed_zygote_is_replaced_and_meanwhile_jobs_start_as_fresh_interpreters(
+        tmp_path, jobs_to_end):
+    root = tmp_path / "agent"
+    agent = AgentProc(root)
+    try:
+        old = agent.zygote()
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: not alive(old), what="the zygote to die")
+        supervisor = agent.launch("1.0", ["sleep", "60"])
+        jobs_to_end.append(job_pid(root, "1.0"))
+        assert int(stat_of(supervisor)[1]) == agent.proc.pid  # a fresh interpreter, `wrap`
+        assert cmdline(supervisor)[-2:] == ["wrap", str(root / "jobs" / "1.0")]
+        supervisor = agent.launch("2.0", ["sleep", "60"])
+        jobs_to_end.append(job_pid(root, "2.0"))
+        new = agent.zygote()
+        assert new != old and int(stat_of(supervisor)[1]) == new
+        marker = tmp_path / "runs"
+        agent.send(op="launch", key="3.0", job_id=3, argv=["sh", "-c", f"echo run >> {marker}"])
+        assert agent.wait_for("exited", "3.0")["rc"] == 0
+        assert marker.read_text() == "run\n"
+    finally:
+        agent.close()
+    said = [line for line in agent.stderr().splitlines() if "zygote" in line]
+    assert len(said) == 1, said
+    assert f"the supervisor zygote failed (pid {old}, signal 9)" in said[0]
+    assert "a new zygote starts for the next job" in said[0]
+
+
+def job_dir(base: Path, name: str, argv: list) -> str:
+    """A job directory as the agent prepares it: spec.json for the job step."""
+    d = base / name
+    (d / "work").mkdir(parents=True)
+    (d / "spec.json").write_text(json.dumps({"argv": argv, "env": {"PATH": os.environ["PATH"]},
+                                             "cwd": str(d / "work")}))
+    return str(d)
+
+
+def test_a_hung_zygote_is_killed_and_the_job_runs_once_as_a_fresh_interpreter(tmp_path, capfd):
+    zygote = Zygote(str(AGENT), reply_timeout_s=1.0)
+    zygote.start()
+    hung = zygote.pid
+    assert zygote.launch(job_dir(tmp_path, "warm", ["true"])) is None  # loaded and answering
+    os.kill(hung, signal.SIGSTOP)
+    marker = tmp_path / "runs"
+    d = job_dir(tmp_path, "1.0", ["sh", "-c", f"echo run >> {marker}"])
+    supervisor = zygote.launch(d)
+    assert supervisor is not None and supervisor.wait(30) == 0
+    assert Path(d, "rc").read_text() == "0" and marker.read_text() == "run\n"
+    assert not alive(hung)
+    assert "the supervisor zygote failed" in capfd.readouterr().err
+    zygote.close()
+
+
+def test_a_claimed_job_directory_is_never_started_again(tmp_path, capfd):
+    d = job_dir(tmp_path, "1.0", ["true"])
+    assert claim(d, 4242)
+    assert not claim(d, os.getpid())
+    assert Path(d, "wpid").read_text() == "4242"
+    assert sorted(os.listdir(d)) == ["spec.json", "work", "wpid"]
+    forks = Zygote(str(AGENT))
+    assert forks.launch(d) is None
+    wait_for(lambda: not children(forks.pid), what="the zygote's child to give up")
+    forks.close()
+    cannot_fork = Zygote(str(AGENT), python=str(tmp_path / "no-python"))
+    assert cannot_fork.launch(d) is None
+    assert "the supervisor zygote failed: cannot start it" in capfd.readouterr().err
+    assert not Path(d, "pid").exists() and not Path(d, "rc").exists()
+    assert Path(d, "wpid").read_text() == "4242"
+
+
+def test_a_thousand_supervisors_leave_no_zombies_and_no_leaked_fds_in_the_zygote(tmp_path):
+    zygote = Zygote(str(AGENT))
+    zygote.start()
+    assert zygote.launch(job_dir(tmp_path, "warm", ["true"])) is None
+    fds = sorted(os.listdir(f"/proc/{zygote.pid}/fd"))
+    dirs = [job_dir(tmp_path, f"{i}.0", ["true"]) for i in range(1000)]
+    for d in dirs:
+        assert zygote.launch(d) is None, "every supervisor forked by the zygote"
+    wait_for(lambda: all(os.path.exists(os.path.join(d, "rc")) for d in dirs), timeout=300,
+             interval=0.5, what="1,000 jobs to end")
+    assert {Path(d, "rc").read_text() for d in dirs} == {"0"}
+    wait_for(lambda: set(children(zygote.pid).values()) <= {"Z"}, timeout=30,
+             what="the supervisors to end")
+    with contextlib.suppress(AssertionError):  # a zombie is reaped when its SIGCHLD arrives
+        wait_for(lambda: not children(zygote.pid), timeout=5)
+    assert children(zygote.pid) == {}, "zombies left in the zygote"
+    assert sorted(os.listdir(f"/proc/{zygote.pid}/fd")) == fds
+    zygote.close()
+
+
+def test_the_agent_bundle_forks_supervisors_from_its_zygote(tmp_path, jobs_to_end):
+    data, digest = agent_bundle()
+    bundle = tmp_path / f"agent-{digest}.pyz"
+    bundle.write_bytes(data)
+    root = tmp_path / "agent"
+    agent = AgentProc(root, ["python3", str(bundle), "--dir", str(root), "--telemetry", "0"])
+    try:
+        zygote = agent.zygote()
+        assert cmdline(zygote)[1:] == ["-S", str(bundle), "zygote"]
+        supervisor = agent.launch("1.0", ["sleep", "60"])
+        jobs_to_end.append(job_pid(root, "1.0"))
+        assert int(stat_of(supervisor)[1]) == zygote
+        agent.send(op="signal", key="1.0", sig="TERM")
+        assert agent.wait_for("exited", "1.0")["rc"] == 128 + signal.SIGTERM
+    finally:
+        agent.close()
