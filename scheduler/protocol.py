@@ -244,6 +244,15 @@ class StepKill:
 
 
 @dataclass
+class StepSignal:
+    """The caller's `srun` got a signal it passes on to its tasks (USR1, USR2, HUP, ...): send it
+    to the step's process group here."""
+    op: ClassVar[str] = "step_signal"
+    step: str
+    sig: str = "USR1"
+
+
+@dataclass
 class StepOutputTo:
     """A remote step's output, relayed by the daemon to the node whose `srun` started it."""
     op: ClassVar[str] = "step_output"
@@ -484,6 +493,14 @@ class StepAcked:
 
 
 @dataclass
+class StepSignalled:
+    """The caller's `srun` passes a signal on to the step's tasks (relayed as step_signal)."""
+    ev: ClassVar[str] = "step_signal"
+    step: str
+    sig: str = "USR1"
+
+
+@dataclass
 class StepCancel:
     """The caller's `srun` went away before the step ended (relayed as step_kill)."""
     ev: ClassVar[str] = "step_kill"
@@ -507,11 +524,11 @@ class FaultDone:
 
 OPS = {c.op: c for c in (Launch, Signal, Notice, Sync, Watch, Forget, Log, OutputAck, Fault, Ping,
                          Pull, Images, PtyOpen, PtyInput, PtyResize, PtyAck, PtyHangup,
-                         StepExec, StepAck, StepKill, StepOutputTo, StepEndTo)}
+                         StepExec, StepAck, StepKill, StepSignal, StepOutputTo, StepEndTo)}
 EVENTS = {c.ev: c for c in (Hello, Started, Exited, LaunchFailed, Telemetry, Error, Jobs,
                             LogChunk, Output, Pong, FaultDone, PullProgress, Pulled, ImageList,
                             PtyOpened, PtyOutput, PtyClosed,
-                            StepLaunch, StepOutput, StepEnd, StepAcked, StepCancel)}
+                            StepLaunch, StepOutput, StepEnd, StepAcked, StepCancel, StepSignalled)}
 
 # annotation text -> the JSON types it accepts (annotations stay strings, never evaluated, so
 # `int | None` works on the nodes' Python 3.8)

@@ -48,6 +48,9 @@ MAX_REQUEST = 4 * 2**20  # a request carries the caller's environment
 CHUNK = 65536
 JOB_CHECK_S = 0.5
 KILL_GRACE_S = 5.0  # SIGTERM, then SIGKILL this long after (srun's KillWait is 30 s by default)
+# what `srun` passes on to a step's tasks on other nodes (INT and TERM end the step instead)
+FORWARDED_SIGNALS = {"USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2, "HUP": signal.SIGHUP,
+                     "CONT": signal.SIGCONT, "ALRM": signal.SIGALRM}
 
 
 class StepError(Exception):
@@ -134,10 +137,16 @@ class StepClient:
             self.server.agent.send(P.StepAcked(self.name, frame[2]))
 
     def read_loop(self) -> None:
-        """Wait for the caller to hang up: before the step ended, that ends the step."""
+        """Pass on the signals `srun` forwards, until it hangs up: before the step ended, that
+        ends the step."""
         try:
-            while self.conn.recv(4096):
-                pass
+            for line in self.conn.makefile("rb"):
+                try:
+                    sig = json.loads(line).get("signal")
+                except (ValueError, AttributeError):
+                    continue
+                if sig in FORWARDED_SIGNALS:
+                    self.server.agent.send(P.StepSignalled(self.name, sig))
         except OSError:
             pass
         self.closed_by_caller()
@@ -429,7 +438,8 @@ class StepRunner:
         self.lock = threading.Lock()
 
     def handlers(self) -> dict:
-        return {"step_exec": self.on_exec, "step_ack": self.on_ack, "step_kill": self.on_kill}
+        return {"step_exec": self.on_exec, "step_ack": self.on_ack, "step_kill": self.on_kill,
+                "step_signal": self.on_signal}
 
     def on_exec(self, msg: P.StepExec) -> None:
         try:
@@ -487,6 +497,15 @@ class StepRunner:
         process = self.steps.get(msg.step)
         if process is not None:
             process.kill("its srun went away")
+
+    def on_signal(self, msg: P.StepSignal) -> None:
+        process = self.steps.get(msg.step)
+        sig = FORWARDED_SIGNALS.get(msg.sig)
+        if process is not None and sig is not None:
+            try:  # to the step's srun alone: it passes the signal on to each of its tasks once
+                os.kill(process.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _child(argv: list, env: dict, spec: dict, account, cwd: str, out_w: int, err_w: int) -> None:

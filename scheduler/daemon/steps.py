@@ -22,7 +22,8 @@ log = logging.getLogger("trainyard.steps")
 
 # agent -> daemon events that are relayed here, and what each becomes on the other side
 FORWARD = {"step_output": "step_output", "step_end": "step_end"}  # runner -> caller
-BACKWARD = {"step_ack": "step_ack", "step_kill": "step_kill"}  # caller -> runner
+BACKWARD = {"step_ack": "step_ack", "step_kill": "step_kill",  # caller -> runner
+            "step_signal": "step_signal"}
 EVENTS = ("step_launch", *FORWARD, *BACKWARD)
 
 

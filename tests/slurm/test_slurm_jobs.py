@@ -268,3 +268,30 @@ def test_srun_in_a_salloc_shell_runs_a_step_across_the_allocation(slurm_cluster)
     assert tasks["0"] == tasks["1"] != tasks["2"] == tasks["3"], screen
     assert {tasks["0"], tasks["2"]} == {"gpu-01", "gpu-02"}, screen
     assert "srun=0" in screen, screen
+
+
+@pytest.mark.skipif(not _bundle_ships_shims(), reason="the agent bundle does not carry the srun and "
+                    "scontrol shims yet (scheduler/nodes.py BUNDLE_MODULES)")
+def test_a_signal_to_srun_reaches_its_tasks_on_every_node(slurm_cluster, submit_dir):
+    """The checkpoint-on-signal pattern: the batch shell passes USR1 on to srun, and srun to
+    every task of its step, on the other node too; each task saves and exits 0."""
+    d = slurm_cluster
+    r = sbatch(d, submit_dir, """#!/bin/bash
+#SBATCH -J ckpt -N 2 -o %x-%j.out
+srun bash -c 'trap "echo saved on $SLURMD_NODENAME; exit 0" USR1; echo up $SLURM_PROCID; \\
+    while :; do sleep 0.1; done' &
+pid=$!
+for i in $(seq 200); do [ "$(grep -c '^up ' ckpt-$SLURM_JOB_ID.out)" = 2 ] && break; sleep 0.1; done
+kill -USR1 $pid
+wait $pid
+echo "srun rc=$?"
+""")
+    assert r.returncode == 0, r.stderr
+    job_id = int(r.stdout.strip())
+    done = wait_job(d.client(), job_id, ("COMPLETED", "FAILED"), timeout=60)
+    out = (submit_dir / f"ckpt-{job_id}.out").read_text()
+    nodes = sorted(a["node"] for a in done["allocation"])
+    assert done["state"] == "COMPLETED", out
+    assert sorted(x for x in out.splitlines() if x.startswith("saved on")) == [
+        f"saved on {n}" for n in nodes], out
+    assert "srun rc=0" in out.splitlines(), out

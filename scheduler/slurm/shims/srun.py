@@ -139,6 +139,14 @@ class RemoteShare:
         with self.out_lock:
             print(text, file=sys.stderr, flush=True)
 
+    def signal(self, name: str) -> None:
+        """Pass a signal on to this share's tasks (through the agents; srun there forwards it)."""
+        if self.sock is not None:
+            try:
+                self.sock.sendall((json.dumps({"signal": name}) + "\n").encode())
+            except OSError:
+                pass
+
     def cancel(self) -> None:
         """srun was told to stop: hanging up ends the tasks on that node (SIGTERM)."""
         if self.sock is not None:
@@ -197,9 +205,11 @@ def main(argv: list[str]) -> int:
         for t in tasks:
             if t.poll() is None:
                 t.send_signal(signum)
-        if signum in (signal.SIGINT, signal.SIGTERM):
-            for share in remote:
-                share.cancel()
+        for share in remote:
+            if signum in (signal.SIGINT, signal.SIGTERM):
+                share.cancel()  # the tasks there get SIGTERM, then SIGKILL, as with srun's KillWait
+            else:
+                share.signal(signal.Signals(signum).name[3:])
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, forward)
