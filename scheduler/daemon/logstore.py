@@ -175,8 +175,11 @@ class LogStore:
         return where
 
     def record_ranks(self, job_id: int, attempt: int, nodes: list[str]) -> None:
-        """At dispatch: output of this attempt is the job's even if it arrives after a requeue."""
+        """At dispatch: output of this attempt is the job's even if it arrives after a requeue.
+        Its streams are known from here on, so their output needs no database read."""
         self._record_ranks(job_id, attempt, nodes)
+        for rank, node in enumerate(nodes):
+            self._owner[(node, f"{job_id}.{attempt}")] = (job_id, attempt, rank)
 
     def _record_ranks(self, job_id: int, attempt: int, nodes: list[str]) -> None:
         d = self.attempt_dir(job_id, attempt)
@@ -240,6 +243,7 @@ class LogStore:
             return
         st.complete = True
         self._streams.pop(where, None)
+        self._owner.pop((node, key), None)  # a late duplicate finds the stream complete on disk
         self._ack(node, key, st.size, done=True)
         if self.shipper:
             self.shipper.ship(*where[:2])
