@@ -132,6 +132,11 @@ class Partition:
     pending_views: dict[int, JobView] = field(default_factory=dict)
     users: dict[str, int] = field(default_factory=dict)  # user -> pending jobs
     order: PendingOrder = field(default_factory=PendingOrder)
+    # the snapshot's nodes and running jobs, rebuilt only where something changed since the
+    # last pass (most passes start or end a few jobs on a few nodes)
+    node_views: tuple[NodeView, ...] | None = None
+    running_views: tuple[JobView, ...] | None = None
+    changed: set[str] = field(default_factory=set)  # nodes whose free GPUs changed
 
 
 FINISH, RELEASE = 0, 1
@@ -255,6 +260,8 @@ class Simulator:
         part = self.parts[j.queue]
         for name, gpus in j.allocation:
             part.free[name] = sorted(part.free[name] + list(gpus))
+            part.changed.add(name)
+        part.running_views = None
         self.held_gpu_s += (now - j.start) * j.gpn * j.nodes
         del part.running[j.t.id]
         j.allocation = ()
@@ -290,7 +297,14 @@ class Simulator:
         if not part.pending:
             return
         self.passes += 1
-        running = tuple(j.view for j in part.running.values())
+        if part.running_views is None:
+            part.running_views = tuple(j.view for j in part.running.values())
+        running = part.running_views
+        if part.node_views is None or part.changed:
+            for name in part.changed:
+                self.node_view(part, name)
+            part.changed.clear()
+            part.node_views = tuple(part.views[name] for name in part.names)
         usage = {}
         if self.use_usage:
             keys = None
@@ -299,9 +313,10 @@ class Simulator:
                 # only its users' and its team's usage can change its order
                 keys = {f"user:{u}" for u in part.users}
                 keys.add(f"team:{q}")
-            usage = self.ledger.decayed(now, running, lambda v: v.account, keys)
+            # every job's account is its team (never empty): the ledger's default reads it
+            usage = self.ledger.decayed(now, running, None, keys)
         snap = Snapshot(
-            tuple(self.node_view(part, name) for name in part.names),
+            part.node_views,
             tuple(part.pending_views.values()),
             running,
             usage=usage,
@@ -318,6 +333,7 @@ class Simulator:
             for name, gpus in s.allocation:
                 taken = set(gpus)
                 part.free[name] = [g for g in part.free[name] if g not in taken]
+                part.changed.add(name)
             j.allocation = s.allocation
             j.start = now
             if j.first_start is None:
@@ -326,6 +342,8 @@ class Simulator:
             j.view = self.running_view(j)
             part.running[j.t.id] = j
             self.push(now + j.remaining, FINISH, j)
+        if d.starts or d.preempts:
+            part.running_views = None
         for p in d.preempts:
             j = part.running[p.job_id]
             self.preemptions += 1

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .changes import added
 from .placement import INF, ClusterState, Pool
 from .types import JobView
 
@@ -33,6 +35,63 @@ class Releases:
 
     def extend_sorted(self, items) -> None:
         self.events = sorted(self.events + list(items))
+
+
+class RunningEnds:
+    """The release events of running jobs, kept between passes by the caller (in `PendingOrder`).
+
+    A running job's expected end depends only on its (immutable) view, the policy and its
+    queue's rules, so only the jobs that started, left or changed since the last pass are
+    looked at again; the events stay sorted by expected end. Exclusive jobs are left out
+    (what they give back depends on the pass's node state). A cache: a pass with a fresh one
+    gives the same events as with a warm one.
+    """
+
+    __slots__ = ("_sig", "_views", "_events", "exclusive")
+
+    def __init__(self):
+        self._sig: object = None
+        self._views: dict[int, tuple[JobView, list[tuple[float, str, int]]]] = {}  # by id(view)
+        self._events: list[tuple[float, str, int]] = []  # (expected end, node, GPUs), sorted
+        self.exclusive: dict[int, JobView] = {}  # the running exclusive jobs, left to the pass
+
+    def events(self, running: Sequence[JobView], sig: object, now: float,
+               end_of: Callable[[JobView], float]) -> list[tuple[float, str, int]]:
+        """(max(expected end, now), node, GPUs) of every non-exclusive running job with an
+        end, sorted; `end_of` gives a job's expected end (INF: none); `sig` names how."""
+        if sig != self._sig:
+            self._sig = sig
+            self._views = {}
+            self._events = []
+            self.exclusive = {}
+        known, events = self._views, self._events
+        current = set(map(id, running))
+        if len(current) != len(known) or current != known.keys():
+            for key in known.keys() - current:
+                for e in known.pop(key)[1]:
+                    del events[bisect.bisect_left(events, e)]
+                self.exclusive.pop(key, None)
+            for job in added(running, current - known.keys()):
+                key = id(job)
+                mine: list[tuple[float, str, int]] = []
+                if job.exclusive:
+                    self.exclusive[key] = job
+                else:
+                    end = end_of(job)
+                    if end != INF:
+                        mine = [(end, name, len(gpus)) for name, gpus in job.allocation]
+                        for e in mine:
+                            bisect.insort(events, e)
+                known[key] = (job, mine)  # holds the view, so its id is not reused
+        # a job past its expected end gives its GPUs back now (ordered as of now)
+        k = bisect.bisect_right(events, now, key=_end)
+        if k == 0:
+            return list(events)
+        return sorted((now, name, n) for _, name, n in events[:k]) + events[k:]
+
+
+def _end(event: tuple[float, str, int]) -> float:
+    return event[0]
 
 
 def reserve(job: JobView, pool: Pool, state: ClusterState, releases: Releases,

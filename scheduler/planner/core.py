@@ -8,6 +8,7 @@ jobs it did not reach are built only when they are read.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
 
@@ -17,7 +18,14 @@ from .ordering import PendingOrder
 from .placement import INF, ClusterState, eligibility
 from .policy import PolicyConfig
 from .preemption import VictimIndex, choose_victims
-from .priority import attained, las_level, order_key, order_runs, remaining_service
+from .priority import (
+    UNKNOWN_RUNTIME_S,
+    attained,
+    las_level,
+    order_key,
+    order_runs,
+    remaining_service,
+)
 from .quota import QuotaBook, job_gpus
 from .types import (
     ARRAY_TASK_LIMIT,
@@ -94,7 +102,7 @@ class _Pass:
         self.policy = policy
         self.d = Decisions()
         self.team_of = policy.team_of
-        self.state = ClusterState(snapshot.nodes, snapshot.running)
+        self.state = ClusterState(snapshot.nodes, snapshot.running, order.nodes)
         self.rules: dict[str, QueueRules] = {}
         self.releases: Releases | None = None
         self.started: list[tuple[float, tuple, bool]] = []  # (end, allocation, exclusive)
@@ -105,7 +113,12 @@ class _Pass:
         self.soon: dict[str, int] | None = None  # GPUs on their way back from preempted jobs
         self.levels: dict[int, int] = {}
         self.verdicts: dict[tuple, dict[int, bool]] = {}
-        self.out = self.d._waits  # where wait() writes: the eager list, or a deferred batch
+        # waits are recorded as (job id, reason, estimate, detail) and become Wait objects
+        # when `waits` is first read (a replay never reads them); `out` is where wait()
+        # writes: the pass's own records, or a deferred batch
+        self.records: list[tuple] = []
+        self.out = self.records
+        self.d.defer_waits(self.recorded_waits)
         # built on first use (most passes gate no dependency, singleton or array limit)
         self._running_ids: set[int] | None = None
         self._singletons: set[tuple[str, str]] | None = None
@@ -119,6 +132,7 @@ class _Pass:
         self.srsf_failed: dict[tuple, float] = {}  # gang shape -> least need that found no victims
         self.las_failed: dict[tuple, int] = {}  # gang shape -> lowest LAS level that found none
         self.order_victims: VictimIndex | None = None  # only jobs the order alone may evict
+        self.order_bound: float | None = None  # ranks it holds are below this (None: all)
 
     @property
     def running_ids(self) -> set[int]:
@@ -158,48 +172,46 @@ class _Pass:
             return pred if limit is None else min(pred, limit)
         return limit
 
-    def expected_end(self, job: JobView) -> float:
+    def raw_end(self, job: JobView) -> float:
+        """When a running job is expected to give its GPUs back (INF: never counted on), before
+        clamping to now: its start plus its expected run time, or the end of its grace period."""
         limit = self.runtime(job, self.queue_rules(job.queue))
         end = INF if limit is None or job.start_time is None else job.start_time + limit
         if job.preempted_at is not None:
             end = min(end, job.preempted_at + self.policy.grace_for(job))
-        return max(end, self.now)
+        return end
+
+    def expected_end(self, job: JobView) -> float:
+        return max(self.raw_end(job), self.now)
 
     def get_releases(self) -> Releases:
         if self.releases is None:
-            r = Releases()
-            events = []
-            ends: dict[tuple, float] = {}
-            for job in self.s.running:
-                # most running jobs share their queue's rules and have no prediction or
-                # preemption: their end follows from the start and the limit alone
-                if job.preempted_at is None and (job.predicted_runtime_s is None
-                                                 or not self.policy.backfill_on_prediction):
-                    rules = self.queue_rules(job.queue)
-                    key = (job.queue, job.time_limit_s)
-                    limit = ends.get(key)
-                    if limit is None:
-                        limit = ends[key] = time_limit(job, rules)
-                    end = INF if limit is None or job.start_time is None else \
-                        max(job.start_time + limit, self.now)
-                else:
-                    end = self.expected_end(job)
-                if end == INF:
-                    continue
-                for name, gpus in job.allocation:
-                    n = len(gpus) + (self.state.hidden.get(name, 0) if job.exclusive else 0)
-                    events.append((end, name, n))
+            s = self.s
+            # expected ends follow from the views, the policy and the queues' rules alone:
+            # the caller's cache keeps them between passes, sorted
+            ends = self.order.ends
+            sig = (self.policy, tuple(sorted(s.queues.items())))
+            events = ends.events(s.running, sig, self.now, self.raw_end)
+            extra = []
+            hidden = self.state.hidden
+            for job in ends.exclusive.values():
+                end = self.expected_end(job)
+                if end != INF:
+                    extra += [(end, name, len(gpus) + hidden.get(name, 0))
+                              for name, gpus in job.allocation]
             for end, allocation, _exclusive in self.started:
-                if end == INF:
-                    continue
-                for name, gpus in allocation:
-                    events.append((end, name, len(gpus)))
-            r.extend_sorted(events)
+                if end != INF:
+                    extra += [(end, name, len(gpus)) for name, gpus in allocation]
+            r = Releases()
+            r.events = sorted(events + extra) if extra else events
             self.releases = r
         return self.releases
 
     def wait(self, job: JobView, reason: str, detail: str = "", estimate: float | None = None):
-        self.out.append(Wait(job.id, reason, estimate, detail))
+        self.out.append((job.id, reason, estimate, detail))
+
+    def recorded_waits(self) -> list[Wait]:
+        return [Wait(*r) for r in self.records]
 
     def gate(self, job: JobView, rules: QueueRules):
         """Wait (or cancel) a job that a gate stops and return None; else (pool, shape, ekey)."""
@@ -262,7 +274,7 @@ class _Pass:
                     job = entry[-1]
                     if not job.dependency:
                         self.behind(job, self.queue_rules(job.queue), closed[job.queue])
-            return batch
+            return [Wait(*r) for r in batch]
         return build
 
     def run(self) -> Decisions:
@@ -277,6 +289,10 @@ class _Pass:
 
         strict = not policy.backfill and policy.queueing == "strict"
         held_up: dict[str, int] = {}  # queue -> its top blocked job (that got no remedy)
+        behind_top: dict[str, str] = {}  # queue -> why the jobs behind that one wait
+        plain_pools: dict[str, tuple] = {}  # queue -> (eligibility, pool) of unconstrained jobs
+        never = self.never
+        by_prediction = policy.backfill_on_prediction
         unpromised: set[str] = set()  # queues whose top job got no reservation: hold them
         # queue -> the job it waits for: nothing behind it can start in this pass
         closed: dict[str, int] = {}
@@ -302,23 +318,48 @@ class _Pass:
                 else:
                     untried.append(job)
                 continue
-            gated = self.gate(job, rules)
-            if gated is None:
-                continue
-            pool, shape = gated
+            if (job.held or job.dependency or job.array_limit or not rules.open
+                    or job.constraint or job.gpu_type or job.features or job.nodelist
+                    or job.exclude):
+                gated = self.gate(job, rules)
+                if gated is None:
+                    continue
+                pool, shape = gated
+            else:  # no gate can stop it: gate()'s last step, for the queue's plain node set
+                plain = plain_pools.get(q)
+                if plain is None:
+                    ekey = self.plain_keys.get(q)
+                    if ekey is None:
+                        ekey = self.plain_keys[q] = eligibility(job, rules.selector)
+                    plain = plain_pools[q] = (ekey, self.state.pool(ekey))
+                ekey, pool = plain
+                shape = (ekey, job.gpus, job.nodes, job.exclusive)
+                ok = never.get(shape)
+                if ok is None:
+                    ok = never[shape] = pool.could_ever_fit(job.gpus, job.nodes)
+                if not ok:
+                    self.wait(job, *no_nodes_reason(job, rules.selector))
+                    continue
             if q in unpromised or (strict and q in held_up):
-                self.wait(job, PRIORITY, f"queue {q} waits for job {held_up[q]} first")
+                self.wait(job, PRIORITY, behind_top[q])
                 continue
             if q in held_up:
                 tried[q] += 1
                 if tried[q] >= depth:
                     closed[q] = held_up[q]
-            limit = self.runtime(job, rules)
+            if job.predicted_runtime_s is None or not by_prediction:
+                limit = job.time_limit_s  # time_limit(), inlined
+                if limit is None:
+                    limit = rules.default_limit
+                if limit is not None and rules.max_limit is not None:
+                    limit = min(limit, rules.max_limit)
+            else:
+                limit = self.runtime(job, rules)
             end = INF if limit is None else now + limit
-            team = self.team_of(job)
-            gpus = job_gpus(job)
+            team = gpus = None  # needed with quotas, and to start or preempt
             reclaim = 0
             if self.quota is not None:
+                team, gpus = self.team_of(job), job_gpus(job)
                 adm = self.quota.admit(team, gpus)
                 if not adm.ok:
                     self.wait(job, QUOTA_LIMIT, adm.detail)
@@ -354,15 +395,17 @@ class _Pass:
                 continue
 
             if q in held_up:
-                self.wait(job, PRIORITY, f"queue {q} waits for job {held_up[q]} first")
+                self.wait(job, PRIORITY, behind_top[q])
                 continue
-            if policy.preemption and self.try_preempt(job, pool, team, reclaim):
+            if policy.preemption and self.try_preempt(
+                    job, pool, team if team is not None else self.team_of(job), reclaim):
                 continue
             if reclaim:
                 self.wait(job, QUOTA_LIMIT, f"waiting for GPUs lent in the cohort to come back "
                                             f"({reclaim} GPUs); preemption is off")
                 continue
             held_up[q] = job.id
+            behind_top[q] = f"queue {q} waits for job {job.id} first"
             estimate = None
             if policy.backfill:
                 res = reserve(job, pool, state, self.get_releases(), now)
@@ -408,21 +451,38 @@ class _Pass:
         """net_left of every running job, in one sweep (a pass with a preemptor needs them)."""
         now, policy, net, remaining = self.now, self.policy, self.net, self.remaining
         grace: dict[str, float] = {}
+        unknown = policy.default_time_limit_s or UNKNOWN_RUNTIME_S
         for v in self.s.running:
             g = grace.get(v.queue)
             if g is None:
                 g = grace[v.queue] = policy.grace_for(v)
-            left = remaining[v.id] = remaining_service(v, now, policy, False)
+            # remaining_service(v, now, policy, False), inlined: the same arithmetic
+            runtime = v.predicted_runtime_s
+            if runtime is None:
+                runtime = v.time_limit_s
+                if runtime is None:
+                    runtime = unknown
+            start = v.start_time
+            run = (now - start) * v.gpus * v.nodes if start is not None else 0.0
+            left = runtime * v.gpus * v.nodes - (v.attained_gpu_s + max(0.0, run))
+            left = remaining[v.id] = left if left > 0.0 else 0.0
             net[v.id] = left - g * v.gpus * v.nodes
 
-    def victim_index(self, by_order: bool, level_of) -> VictimIndex:
+    def victim_index(self, by_order: bool, level_of, bound: float | None = None) -> VictimIndex:
         """Running jobs in eviction order, built once per pass: under LAS the most-served first,
         under SRSF those with most service left (net of the grace period's cost) first. With
         `by_order`, only the jobs the order could ever evict (under the per-job preemption cap;
-        under LAS, past the first service threshold), which is most of the saving under load."""
-        index = self.order_victims if by_order else self.victims
-        if index is not None:
-            return index
+        under LAS, past the first service threshold), which is most of the saving under load,
+        and of those only the ones ranked below `bound`: a scan that stops at a rank of `bound`
+        or less never reaches the others. It is built again, wider, only for a waiting job
+        whose scan would stop later (in a pass, the first preemptor usually stops latest)."""
+        if by_order:
+            index = self.order_victims
+            if index is not None and (self.order_bound is None or (
+                    bound is not None and bound <= self.order_bound)):
+                return index
+        elif self.victims is not None:
+            return self.victims
         policy = self.policy
         las, srsf = policy.order == "las", policy.order == "srsf"
         rank = None
@@ -437,23 +497,44 @@ class _Pass:
             cap = policy.max_preemptions_per_job
             if cap is not None:
                 jobs = [v for v in jobs if v.preemptions < cap]
+            ranks = None
             if las:
                 # evictable by some job only past the first threshold (or, once per level,
-                # past the threshold after its last preemption): a comparison, not a level
+                # past the threshold after its last preemption); the level of each job kept
+                # is worked out in the same sweep (what level_of would give), and so is its
+                # rank, leaving out those ranked at `bound` or more
                 th = policy.las_thresholds_gpu_s
                 per_level = policy.las_preempt_once_per_level
-                now, top = self.now, len(th)
-                jobs = [v for v in jobs if (k := v.preemptions if per_level else 0) < top
-                        and v.attained_gpu_s + (now - v.start_time if v.start_time is not None
-                                                else 0.0) * v.gpus * v.nodes >= th[k]]
-            index = self.order_victims = VictimIndex(jobs, self.now, rank)
+                now, top, levels = self.now, len(th), self.levels
+                low = INF if bound is None else bound
+                kept, ranks = [], {}
+                for v in jobs:
+                    k = v.preemptions if per_level else 0
+                    if k >= top:
+                        continue
+                    run = (now - v.start_time if v.start_time is not None
+                           else 0.0) * v.gpus * v.nodes
+                    if v.attained_gpu_s + run >= th[k]:
+                        lv = levels.get(v.id)
+                        if lv is None:
+                            lv = levels[v.id] = bisect_right(th, v.attained_gpu_s
+                                                             + max(0.0, run))
+                        if -lv < low:
+                            kept.append(v)
+                            ranks[v.id] = -lv
+                jobs = kept
+            elif srsf:
+                net = self.net
+                ranks = {v.id: -net[v.id] for v in jobs}
+            index = self.order_victims = VictimIndex(jobs, self.now, rank, bound, ranks)
+            self.order_bound = bound
         else:
             index = self.victims = VictimIndex(jobs, self.now, rank)
         return index
 
     def decided(self) -> set[int]:
         d = self.d
-        return {x.job_id for x in d._waits} | {x.job_id for x in d.cancels} | \
+        return {r[0] for r in self.records} | {x.job_id for x in d.cancels} | \
             {x.job_id for x in d.starts}
 
     def try_preempt(self, job: JobView, pool, team: str, reclaim: int) -> bool:
@@ -525,7 +606,6 @@ class _Pass:
                          or (srsf and pays(v)))))
             return ok or (reclaiming and borrower(v))
 
-        index = self.victim_index(by_order, level_of)
         if self.soon is None:
             self.soon = {}
             for v in self.s.running:
@@ -533,19 +613,26 @@ class _Pass:
                     for name, g in v.allocation:
                         self.soon[name] = self.soon.get(name, 0) + len(g)
         soon = self.soon
-        reclaim_pool = [v for v in self.s.running if reclaiming and may_preempt(v) and borrower(v)]
-        stop = None
+        reclaim_pool = [v for v in self.s.running if may_preempt(v) and borrower(v)] \
+            if reclaiming else []
+        stop_rank = None
         if by_order:
             # victims are in eviction order (most service left, or highest LAS level, first):
-            # past the first that the order does not allow, none is allowed
+            # past the first that the order does not allow, none is allowed. Their rank in the
+            # index is minus that service (net of the grace period) or level, so that first
+            # one is the first whose rank reaches minus what the waiting job needs (or has)
             if srsf:
-                stop = lambda v: not pays(v)  # noqa: E731
+                stop_rank = -(ratio * need)  # not pays(v): net_left(v) <= ratio x need
             elif las:
-                stop = lambda v: level_of(v) <= level  # noqa: E731
+                stop_rank = -level  # level_of(v) <= level
+        index = self.victim_index(by_order, level_of, stop_rank)
+        # plain LAS or SRSF: the index holds only jobs that may be evicted and the scan stops
+        # where the order no longer allows it, so only victims already claimed are left out
+        plain = by_order and cap is None and not per_level
         victims = choose_victims(
-            job, pool, self.state, index, soon, may_preempt,
+            job, pool, self.state, index, soon, None if plain else may_preempt,
             reclaim=reclaim, reclaim_value=lambda v: job_gpus(v) if borrower(v) else 0,
-            reclaim_pool=reclaim_pool, stop=stop,
+            reclaim_pool=reclaim_pool, stop_rank=stop_rank, excluded=claimed,
         )
         if victims is None:
             if by_order and srsf:

@@ -32,6 +32,9 @@ class UsageLedger:
         # values are kept as of a reference time, so decaying them all costs one power
         self._ref: float | None = None
         self._value: dict[str, float] = {}
+        # id(running view) -> (view, GPUs x half-life / ln 2, user key, team key), for decayed()
+        self._running: dict[int, tuple[JobView, float, str, str]] = {}
+        self._team_of: Callable[[JobView], str] | None = None
 
     def _scale(self, now: float) -> float:
         """What a unit stored at the reference time is worth at `now` (>= 1 for later charges)."""
@@ -81,16 +84,37 @@ class UsageLedger:
         else:
             get = self._value.get
             out = {key: get(key, 0.0) * k for key in keys}
+        # run_value() inlined (the same arithmetic), with what each running job's value needs
+        # besides the time (its keys, GPUs x half-life / ln 2) kept between calls
+        if team_of != self._team_of:
+            self._team_of = team_of
+            self._running = {}
+        if not isinstance(running, (list, tuple)):
+            running = list(running)
+        known = self._running
+        if len(known) > 2 * len(running) + 1024:  # forget jobs that have left
+            ids = set(map(id, running))
+            self._running = known = {k: e for k, e in known.items() if k in ids}
+        h = self.half_life_s
+        get = out.get
         for job in running:
-            if job.start_time is None:
+            start = job.start_time
+            if start is None or now <= start:
                 continue
-            v = self.run_value(job.gpus * job.nodes, job.start_time, now)
+            e = known.get(id(job))
+            if e is None or e[0] is not job:
+                gpus = job.gpus * job.nodes
+                team = team_of(job) if team_of else (job.account or "default")
+                e = known[id(job)] = (job, gpus * h / LN2 if gpus > 0 else 0.0,
+                                      user_key(job.user), team_key(team))
+            _, c, uk, tk = e
+            if c <= 0:
+                continue
+            v = c * (1.0 - 2.0 ** (-(now - start) / h))
             if v <= 0:
                 continue
-            uk = user_key(job.user)
-            tk = team_key(team_of(job) if team_of else (job.account or "default"))
-            out[uk] = out.get(uk, 0.0) + v
-            out[tk] = out.get(tk, 0.0) + v
+            out[uk] = get(uk, 0.0) + v
+            out[tk] = get(tk, 0.0) + v
         return out
 
 

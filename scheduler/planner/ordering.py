@@ -9,6 +9,8 @@ run, updated only for jobs that arrived or left since the last pass; a pass merg
 heads with the policy's full key, computing it only for jobs it actually reaches.
 
 `PendingOrder` is a cache: a pass with a fresh one gives the same order as with a warm one.
+It is also where a caller's other per-pass caches live (the running jobs' expected ends for
+backfill, the node table), so the daemon and a replay keep them by keeping one object.
 """
 
 from __future__ import annotations
@@ -17,18 +19,29 @@ import heapq
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator, Sequence
 
+from .backfill import RunningEnds
+from .changes import added
+from .placement import NodeTable
 from .types import JobView
 
 
 class PendingOrder:
-    """The pending jobs of the last pass, as sorted runs per class (reused across passes)."""
+    """The pending jobs of the last pass, as sorted runs per class (reused across passes),
+    and what else a pass derives from the snapshot that changes little from one to the next.
+    What changed is found by the views' identities: a caller that hands over the same view
+    object for an unchanged job (a replay does) pays only for what changed."""
 
     def __init__(self):
         self._sig: object = None
         self._entries: dict[int, tuple] = {}  # job id -> (class, entry)
         self._runs: dict[tuple, list[tuple]] = {}  # class -> sorted [(*sequence, id, view)]
+        self._views: dict[int, JobView] = {}  # id(view) -> view, for every job in the runs
+        self._classes: list[tuple] | None = None  # the runs' classes, sorted (None: to do)
         self.queues: dict[str, int] = {}  # queue -> its pending jobs
         self.dependent: dict[int, JobView] = {}  # pending jobs with a dependency
+        # the other things a pass derives from the snapshot that change little between passes
+        self.ends = RunningEnds()  # the running jobs' expected ends, for backfill
+        self.nodes = NodeTable()  # the nodes' free GPUs, CPUs and memory
 
     def sync(self, pending: Sequence[JobView], sig: object,
              class_of: Callable[[JobView], tuple], seq_of: Callable[[JobView], tuple]) -> None:
@@ -37,19 +50,29 @@ class PendingOrder:
             self._sig = sig
             self._entries = {}
             self._runs = {}
+            self._views = {}
+            self._classes = None
             self.queues = {}
             self.dependent = {}
-        entries, runs = self._entries, self._runs
-        seen = set()
-        add = seen.add
-        for job in pending:
+        # what changed is found by the views' identities (set operations, not a loop over
+        # the backlog): a job whose view is new is placed again
+        views = self._views
+        current = set(map(id, pending))
+        if len(current) == len(views) and current == views.keys():
+            return
+        entries = self._entries
+        for key in views.keys() - current:
+            job = views.pop(key)
+            self._remove(job.id, entries[job.id])
+        runs = self._runs
+        for job in added(pending, current - views.keys()):
+            key = id(job)
             jid = job.id
-            add(jid)
             old = entries.get(jid)
-            if old is not None:
-                if old[1][-1] is job:
-                    continue
+            if old is not None:  # the same job twice in `pending`: the last view counts
                 self._remove(jid, old)
+                views.pop(id(old[1][-1]), None)
+            views[key] = job
             cls = class_of(job)
             entry = (*seq_of(job), jid, job)
             entries[jid] = (cls, entry)
@@ -59,11 +82,9 @@ class PendingOrder:
             run = runs.get(cls)
             if run is None:
                 runs[cls] = [entry]
+                self._classes = None
             else:
                 insort(run, entry)
-        if len(entries) != len(seen):
-            for jid in [j for j in entries if j not in seen]:
-                self._remove(jid, entries[jid])
 
     def _remove(self, jid: int, old: tuple) -> None:
         cls, entry = old
@@ -71,6 +92,7 @@ class PendingOrder:
         del run[bisect_left(run, entry)]
         if not run:
             del self._runs[cls]
+            self._classes = None
         del self._entries[jid]
         job = entry[-1]
         left = self.queues[job.queue] - 1
@@ -90,8 +112,11 @@ class PendingOrder:
     def ordered(self, key: Callable[[JobView], tuple] | None) -> OrderedJobs:
         """The jobs best first. `key` is the full sort key (None: sequences order all runs)."""
         runs = self._runs
-        return OrderedJobs([runs[c] for c in sorted(runs)] if len(runs) > 1 else list(runs.values()),
-                           key)
+        if len(runs) <= 1:
+            return OrderedJobs(list(runs.values()), key)
+        if self._classes is None:  # sorted again only when a class comes or goes
+            self._classes = sorted(runs)
+        return OrderedJobs([runs[c] for c in self._classes], key)
 
 
 class OrderedJobs:

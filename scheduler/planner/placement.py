@@ -69,6 +69,44 @@ class Pool:
         self.buckets[new][name] = None
 
 
+class NodeTable:
+    """The nodes of the last pass, by name: kept between passes by the caller (in
+    `PendingOrder`), so a pass rebuilds only the entries of nodes whose view changed."""
+
+    __slots__ = ("_views", "nodes", "totals", "free", "cpus", "mem")
+
+    def __init__(self):
+        self._views: tuple[NodeView, ...] | None = None
+        self.nodes: dict[str, NodeView] = {}
+        self.totals: dict[str, int] = {}
+        self.free: dict[str, list[int]] = {}  # free GPUs, sorted; none on unschedulable nodes
+        self.cpus: dict[str, int] = {}
+        self.mem: dict[str, int] = {}
+
+    def sync(self, nodes: Sequence[NodeView]) -> None:
+        last = self._views
+        if nodes is last:
+            return
+        views = tuple(nodes)
+        if last is None or len(last) != len(views) or any(
+                a is not b and a.name != b.name for a, b in zip(last, views, strict=True)):
+            self.nodes = {n.name: n for n in views}
+            self.totals = {n.name: n.gpus_total for n in views}
+            self.free = {n.name: sorted(n.free_gpus) if n.schedulable else [] for n in views}
+            self.cpus = {n.name: n.cpus_free for n in views}
+            self.mem = {n.name: n.mem_free_mb for n in views}
+        else:  # the same nodes in the same order: only changed views are read again
+            for old, n in zip(last, views, strict=True):
+                if old is not n:
+                    name = n.name
+                    self.nodes[name] = n
+                    self.totals[name] = n.gpus_total
+                    self.free[name] = sorted(n.free_gpus) if n.schedulable else []
+                    self.cpus[name] = n.cpus_free
+                    self.mem[name] = n.mem_free_mb
+        self._views = views
+
+
 class ClusterState:
     """What is free during one planner pass, updated as the pass hands out allocations.
 
@@ -76,30 +114,42 @@ class ClusterState:
     reservation's start may use only the GPUs the reservation leaves spare.
     """
 
-    def __init__(self, nodes: Sequence[NodeView], running: Sequence[JobView]):
-        self.nodes = {n.name: n for n in nodes}
-        self.totals = {n.name: n.gpus_total for n in nodes}
-        self.free: dict[str, list[int]] = {}
-        self.cpus: dict[str, int] = {}
-        self.mem: dict[str, int] = {}
-        blocked = {name for j in running if j.exclusive for name, _ in j.allocation}
-        self.occupied = {name for j in running for name, _ in j.allocation}
+    def __init__(self, nodes: Sequence[NodeView], running: Sequence[JobView],
+                 table: NodeTable | None = None):
+        table = table if table is not None else NodeTable()
+        table.sync(nodes)
+        # the table's dicts, read only here; what a pass changes is copied (values are
+        # replaced, never changed in place)
+        self.nodes = table.nodes
+        self.totals = table.totals
+        self.free: dict[str, list[int]] = dict(table.free)
+        self.cpus: dict[str, int] = dict(table.cpus)
+        self.mem: dict[str, int] = dict(table.mem)
+        self._running = running
+        self._occupied: set[str] | None = None  # built when an exclusive job first asks
+        self._taken: set[str] = set()  # nodes given out in this pass
         self.hidden: dict[str, int] = {}  # free GPUs behind an exclusive job, back when it ends
-        for n in nodes:
-            free = sorted(n.free_gpus) if n.schedulable else []
-            if n.name in blocked:
-                self.hidden[n.name] = len(free)
-                free = []
-            self.free[n.name] = free
-            self.cpus[n.name] = n.cpus_free
-            self.mem[n.name] = n.mem_free_mb
+        for j in running:
+            if j.exclusive:
+                for name, _ in j.allocation:
+                    if name in self.free and name not in self.hidden:
+                        self.hidden[name] = len(self.free[name])
+                        self.free[name] = []
         self._pools: dict[tuple, Pool] = {}
-        self._node_pools: dict[str, list[Pool]] = {n.name: [] for n in nodes}
+        self._node_pools: dict[str, list[Pool]] = {name: [] for name in self.nodes}
         # node -> [[reservation start, spare GPUs, job id], ...]
         self.reserved: dict[str, list[list]] = {}
         self.reserved_need: dict[str, int] = {}
         self.reservation_times: list[float] = []
         self.version = 0  # bumps whenever an allocation or reservation changes what fits
+
+    @property
+    def occupied(self) -> set[str]:
+        """Nodes where some job runs (or was started in this pass): no exclusive job there."""
+        if self._occupied is None:
+            self._occupied = {name for j in self._running for name, _ in j.allocation}
+            self._occupied |= self._taken
+        return self._occupied
 
     def pool(self, key: tuple) -> Pool:
         p = self._pools.get(key)
@@ -116,7 +166,12 @@ class ClusterState:
 
     def crossings(self, end: float) -> int:
         """How many reservations a job ending at `end` would still be running into."""
-        return sum(1 for t in self.reservation_times if end > t)
+        times = self.reservation_times
+        if not times:
+            return 0
+        if len(times) == 1:
+            return 1 if end > times[0] else 0
+        return sum(1 for t in times if end > t)
 
     def usable(self, name: str, end: float) -> int:
         """GPUs on `name` a job ending at `end` may take without delaying a reservation."""
@@ -177,7 +232,9 @@ class ClusterState:
             self.free[name] = new_free
             self.cpus[name] -= job.cpus
             self.mem[name] -= job.mem_mb
-            self.occupied.add(name)
+            self._taken.add(name)
+            if self._occupied is not None:
+                self._occupied.add(name)
             for p in self._node_pools[name]:
                 p.move(name, old, len(new_free))
             for entry in self.reserved.get(name, ()):

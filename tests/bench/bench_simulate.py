@@ -1,13 +1,17 @@
 """Benchmark: replay the Philly window of Helios' simulation at 80% offered load, every policy.
 
     .venv/bin/python tests/bench/bench_simulate.py [--load 0.8] [--window 2017-10-01 2017-11-30]
-        [--policy fifo,las] [--cluster pooled|per-vc|SPEC] [--plot out.png] [--json-out r.json]
+        [--policy fifo,las] [--cluster pooled|per-vc|SPEC] [--first N] [--plot out.png]
+        [--json-out r.json]
 
 Prints, per policy, the replay's wall-clock seconds as `policy: N s`, its CPU seconds and the
 1-minute load average (the machine may be shared: CPU seconds are what the replay costs), then
 the metrics table that docs/simulation.md publishes (each policy's mean JCT over the oracle's).
 Budget: 60 s per policy on the development machine (2 cores). `--load 0 --cluster SPEC`
 replays on a fixed cluster (e.g. `--full --load 0 --cluster .../philly_vc_nodes_helios.csv`).
+`--first N` replays only the window's first N jobs on the cluster sized for the whole window:
+a quick check that a change to the planner leaves every decision as it was (compare the
+`--json-out` files of two runs: avg_jct_s, p99_jct_s and preemptions must be identical).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ def main() -> int:
     ap.add_argument("--window", nargs=2, default=["2017-10-01", "2017-11-30"])
     ap.add_argument("--full", action="store_true", help="the whole trace, no window")
     ap.add_argument("--policy", default=",".join(SIMULATION_PRESETS))
+    ap.add_argument("--first", type=int, metavar="N",
+                    help="replay only the first N jobs (the cluster is sized for the whole window)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot")
     ap.add_argument("--json-out")
@@ -63,11 +69,18 @@ def main() -> int:
     gpus = len(cluster.nodes) * cluster.gpus_per_node
     print(f"cluster: {len(cluster.nodes)} nodes x {cluster.gpus_per_node} GPUs, offered load "
           f"{offered_load(trace.jobs, trace.span_s, gpus):.1%}")
+    jobs = trace.jobs
+    if args.first is not None:
+        if args.first < 1:
+            print(f"--first {args.first}: give a number of jobs >= 1", file=sys.stderr)
+            return 2
+        jobs = jobs[: args.first]
+        print(f"replaying the first {len(jobs):,} jobs")
     results = []
     over = []
     for name in args.policy.split(","):
         t0, c0 = time.perf_counter(), time.process_time()
-        r = simulate_policy(trace.jobs, cluster, PolicyConfig.preset(name), seed=args.seed)
+        r = simulate_policy(jobs, cluster, PolicyConfig.preset(name), seed=args.seed)
         took, cpu = time.perf_counter() - t0, time.process_time() - c0
         results.append(r)
         load1 = os.getloadavg()[0]
