@@ -139,6 +139,7 @@ class Daemon:
         self._tasks: list[asyncio.Task] = []
         self._office: list[asyncio.Task] = []  # what only the leader runs
         self._nodes_render: tuple[tuple, float, bytes] | None = None  # (key, when, JSON)
+        self._node_rows_seen: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
         self._running = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -385,16 +386,24 @@ class Daemon:
         self._nodes_render = (key, now, body) if key is not None else None
         return body
 
+    def _node_rows(self, s: Session) -> list[SimpleNamespace]:
+        """Every node's row, decoded once per change of the node table on the leader (whose
+        writes are the only ones; a standby reads them each time)."""
+        version = self.store.nodes_version
+        if self.leadership.leading and self._node_rows_seen is not None \
+                and self._node_rows_seen[0] == version:
+            return self._node_rows_seen[1]
+        t = Node.__table__
+        rows = [SimpleNamespace(**r._mapping) for r in s.connection().execute(sa_select(t).order_by(t.c.name))]
+        self._node_rows_seen = (version, rows) if self.leadership.leading else None
+        return rows
+
     def node_views(self, name: str | None = None) -> list[dict[str, Any]]:
         with self.store.read() as s:
             # the leader keeps allocated GPUs per node in memory; a standby reads them
             used = self.overview.usage(s)
-            if name is not None:
-                nodes = [Inventory.get(s, name)]
-            else:  # rows, not ORM objects: this answers every TUI refresh on 1,000 nodes
-                t = Node.__table__
-                nodes = [SimpleNamespace(**r._mapping)
-                         for r in s.connection().execute(sa_select(t).order_by(t.c.name))]
+            # rows, not ORM objects, for the list: it answers every TUI refresh on 1,000 nodes
+            nodes = [Inventory.get(s, name)] if name is not None else self._node_rows(s)
             return [{**node_json(n, connected=self.links.connected(n.name), problem=self.links.problem(n.name),
                                  gpus_used=used.get(n.name, 0), telemetry=self.links.telemetry.get(n.name),
                                  excluded=self.health.excluded_gpus(n.name)),

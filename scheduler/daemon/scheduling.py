@@ -65,6 +65,10 @@ ACTIVE_LIGHT = (_T.id, *ACTIVE_KEY)
 # the light rows are kept between cycles and only the jobs committed transactions changed are
 # read again (StateStore.changed_jobs); all of them are read again this often regardless
 FULL_READ_S = 300.0
+# Under a long backlog every pending job's reason and estimated start are worked out again at
+# most this often (building them costs O(backlog) per cycle); a shorter one gets them every cycle
+LONG_BACKLOG = 2000
+WAITS_EVERY_S = 2.0
 # pending jobs hold no allocation: skip decoding that JSON column for them
 PENDING_COLUMNS = tuple(literal_column("NULL").label("allocation") if c.name == "allocation" else c
                         for c in VIEW_COLUMNS)
@@ -160,6 +164,7 @@ class SchedulingCycle:
         self._changed: tuple[set[int], set[int]] = (set(), set())  # not yet applied: pending, active
         self._full_read_at = 0.0
         self._node_rows: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
+        self._waits_due = 0.0  # when a long backlog's reasons are written again
         self.refine_reason = None  # job id -> a more specific "Resources" (the autoscaler's)
         self.order = PendingOrder()  # the pending order kept between passes (no re-sort of the backlog)
         self._wake = asyncio.Event()
@@ -354,7 +359,10 @@ class SchedulingCycle:
                 job.estimated_start = None
                 self.store.set_state(s, job, m.CONFIGURING, st.reason, allocation=job.allocation)
                 started.append(job)
-            self._commit_waits(s, decisions.waits, rows)
+            mono = self.clock.monotonic()
+            if len(snap.pending) < LONG_BACKLOG or mono >= self._waits_due:
+                self._commit_waits(s, decisions.waits, rows)
+                self._waits_due = mono + WAITS_EVERY_S
             for c in decisions.cancels:
                 job = s.get(Job, c.job_id)
                 job.end_time = now
