@@ -117,6 +117,41 @@ def view_rows(s: Session, columns, *where) -> list:
     return s.connection().execute(sa_select(*columns).where(*where)).all()
 
 
+class Allocated:
+    """The GPUs, CPUs and memory active jobs hold, by node, kept in step with the cycle's cache
+    of active views: only the jobs that came, went or changed are added or taken away."""
+
+    __slots__ = ("gpus", "cpus", "mem")
+
+    def __init__(self) -> None:
+        self.gpus: dict[str, dict[int, int]] = {}  # node -> GPU -> how many active jobs hold it
+        self.cpus: dict[str, int] = {}
+        self.mem: dict[str, int] = {}
+
+    def _apply(self, view: JobView, sign: int) -> None:
+        for node, gpus in view.allocation:
+            held = self.gpus.setdefault(node, {})
+            for g in gpus:
+                n = held.get(g, 0) + sign
+                if n > 0:
+                    held[g] = n
+                else:
+                    held.pop(g, None)
+            self.cpus[node] = self.cpus.get(node, 0) + sign * view.cpus
+            self.mem[node] = self.mem.get(node, 0) + sign * view.mem_mb
+
+    def follow(self, old: dict[int, tuple], new: dict[int, tuple], changed: list[int]) -> None:
+        """From the views in `old` to those in `new` ({id: (key, view)}); `changed`: the ids
+        whose view was read again."""
+        for jid in old.keys() - new.keys():
+            self._apply(old[jid][1], -1)
+        for jid in changed:
+            if jid in new:
+                if jid in old:
+                    self._apply(old[jid][1], -1)
+                self._apply(new[jid][1], +1)
+
+
 class WaitColumns(Mapping):
     """A pending job's last reason, estimated start, hold and words, by id, read from the kept
     light rows (no per-cycle copy of the backlog)."""
@@ -165,6 +200,7 @@ class SchedulingCycle:
         self._full_read_at = 0.0
         self._node_rows: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
         self._waits_due = 0.0  # when a long backlog's reasons are written again
+        self._allocated = Allocated()  # what the views in _active_cache hold, by node
         self.refine_reason = None  # job id -> a more specific "Resources" (the autoscaler's)
         self.order = PendingOrder()  # the pending order kept between passes (no re-sort of the backlog)
         self._wake = asyncio.Event()
@@ -229,6 +265,7 @@ class SchedulingCycle:
             for r in view_rows(s, VIEW_COLUMNS, _T.id.in_(missing[i:i + 500])):
                 x = r._mapping
                 fresh[x["id"]] = (tuple(x[c.name] for c in ACTIVE_KEY), job_view(r))
+        self._allocated.follow(cache, fresh, missing)
         self._active_cache = fresh
         return [fresh[r[0]][1] for r in light if r[0] in fresh]
 
@@ -299,14 +336,8 @@ class SchedulingCycle:
             self._node_rows = (self.store.nodes_version, view_rows(s, NODE_COLUMNS))
         nodes = self._node_rows[1]
         active = self.active_views(s)
-        used: dict[str, set[int]] = {}
-        cpus_used: dict[str, int] = {}
-        mem_used: dict[str, int] = {}
-        for j in active:
-            for node, gpus in j.allocation:
-                used.setdefault(node, set()).update(gpus)
-                cpus_used[node] = cpus_used.get(node, 0) + j.cpus
-                mem_used[node] = mem_used.get(node, 0) + j.mem_mb
+        held = self._allocated  # kept in step with `active` by active_views()
+        used, cpus_used, mem_used = held.gpus, held.cpus, held.mem
         nothing: frozenset[int] = frozenset()
         node_views = []
         for n in nodes:
