@@ -20,6 +20,7 @@ class HealthMonitor:
         self.tracker = HealthTracker(rules)  # O(GPUs) per sample, not O(history)
         self.acted: dict[str, set[str]] = {}
         self.excluded: dict[str, dict[int, str]] = {}  # node -> GPU -> why it is out of allocation
+        self.version = 0  # bumped whenever `excluded` changes
 
     def observe(self, node: str, sample: dict) -> None:
         verdicts = self.tracker.observe(node, sample)
@@ -29,6 +30,7 @@ class HealthMonitor:
                 excluded[v.gpu] = v.reason
         if excluded != self.excluded.get(node, {}):
             self.excluded[node] = excluded
+            self.version += 1
             self._changed()
         acted = self.acted.get(node, set())
         new = [v.reason for v in verdicts if v.key not in acted and v.action == DRAIN_NODE]
@@ -42,4 +44,5 @@ class HealthMonitor:
     def forget(self, node: str) -> None:
         self.tracker.forget(node)
         self.acted.pop(node, None)
-        self.excluded.pop(node, None)
+        if self.excluded.pop(node, None) is not None:
+            self.version += 1

@@ -68,7 +68,7 @@ FULL_READ_S = 300.0
 # Under a long backlog every pending job's reason and estimated start are worked out again at
 # most this often (building them costs O(backlog) per cycle); a shorter one gets them every cycle
 LONG_BACKLOG = 2000
-WAITS_EVERY_S = 2.0
+WAITS_EVERY_S = 10.0  # (Slurm's backfill works out estimated starts every 30 s by default)
 # pending jobs hold no allocation: skip decoding that JSON column for them
 PENDING_COLUMNS = tuple(literal_column("NULL").label("allocation") if c.name == "allocation" else c
                         for c in VIEW_COLUMNS)
@@ -121,12 +121,13 @@ class Allocated:
     """The GPUs, CPUs and memory active jobs hold, by node, kept in step with the cycle's cache
     of active views: only the jobs that came, went or changed are added or taken away."""
 
-    __slots__ = ("gpus", "cpus", "mem")
+    __slots__ = ("gpus", "cpus", "mem", "version")
 
     def __init__(self) -> None:
         self.gpus: dict[str, dict[int, int]] = {}  # node -> GPU -> how many active jobs hold it
         self.cpus: dict[str, int] = {}
         self.mem: dict[str, int] = {}
+        self.version = 0  # bumped whenever what is held changes
 
     def _apply(self, view: JobView, sign: int) -> None:
         for node, gpus in view.allocation:
@@ -143,7 +144,10 @@ class Allocated:
     def follow(self, old: dict[int, tuple], new: dict[int, tuple], changed: list[int]) -> None:
         """From the views in `old` to those in `new` ({id: (key, view)}); `changed`: the ids
         whose view was read again."""
-        for jid in old.keys() - new.keys():
+        gone = old.keys() - new.keys()
+        if gone or changed:
+            self.version += 1
+        for jid in gone:
             self._apply(old[jid][1], -1)
         for jid in changed:
             if jid in new:
@@ -201,6 +205,7 @@ class SchedulingCycle:
         self._node_rows: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
         self._waits_due = 0.0  # when a long backlog's reasons are written again
         self._allocated = Allocated()  # what the views in _active_cache hold, by node
+        self._node_views: tuple[tuple, tuple[NodeView, ...]] | None = None  # (inputs, views)
         self.refine_reason = None  # job id -> a more specific "Resources" (the autoscaler's)
         self.order = PendingOrder()  # the pending order kept between passes (no re-sort of the backlog)
         self._wake = asyncio.Event()
@@ -324,7 +329,7 @@ class SchedulingCycle:
 
     def forget_light_rows(self) -> None:
         """Read every pending and active job again on the next cycle."""
-        self._pending_light = self._active_light = self._node_rows = None
+        self._pending_light = self._active_light = self._node_rows = self._node_views = None
 
     def snapshot(self, s: Session, now: float) -> tuple[Snapshot | None, Mapping[int, tuple]]:
         pending, rows = self.pending_views(s, now)
@@ -338,6 +343,10 @@ class SchedulingCycle:
         active = self.active_views(s)
         held = self._allocated  # kept in step with `active` by active_views()
         used, cpus_used, mem_used = held.gpus, held.cpus, held.mem
+        # the node views change only with the node rows, what jobs hold, GPU health or links
+        inputs = (self._node_rows[0], held.version, self.health.version, self.links.state_key())
+        if self._node_views is not None and self._node_views[0] == inputs:
+            return self._finish_snapshot(s, now, pending, active, self._node_views[1], rows)
         nothing: frozenset[int] = frozenset()
         node_views = []
         for n in nodes:
@@ -351,6 +360,11 @@ class SchedulingCycle:
                 gpu_model=n.gpu_model, labels=node_labels(n.labels, n.runtime),
                 schedulable=n.state == m.UP and self.links.connected(n.name),
             ))
+        self._node_views = (inputs, tuple(node_views))
+        return self._finish_snapshot(s, now, pending, active, self._node_views[1], rows)
+
+    def _finish_snapshot(self, s: Session, now: float, pending: list[JobView], active: list[JobView],
+                         node_views: tuple[NodeView, ...], rows: Mapping[int, tuple]):
         deps: set[int] = set()
         for j in pending:
             if j.dependency:  # most jobs have none: no parsing for them, each cycle
@@ -361,7 +375,7 @@ class SchedulingCycle:
         queues = {q.name: QueueView(q.name, q.priority, q.open, q.default_time_limit_s, q.max_time_limit_s)
                   for q in s.exec(select(Queue)).all()}
         snap = Snapshot(
-            nodes=tuple(node_views), pending=tuple(pending), running=tuple(active), queues=queues,
+            nodes=node_views, pending=tuple(pending), running=tuple(active), queues=queues,
             finished=finished, usage=self.ledger.decayed(now, active, self.policy.team_of),
         )
         return snap, rows
