@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
+import orjson
 
 from .containers import DEFAULT_HIGH_WATER_GB, DEFAULT_PULL_TIMEOUT_S
 from .protocol import PROTOCOL_VERSION
@@ -500,7 +501,7 @@ class NodeLink:
         self.on_message(self.name, hello)
         async for line in proc.stdout:
             try:
-                msg = json.loads(line)
+                msg = decode_line(line)
             except ValueError:
                 log.warning("node %s: agent said %r", self.name, line[:200])
                 continue
@@ -515,6 +516,20 @@ class NodeLink:
         # stdout closed: the agent exited or the connection dropped
         await proc.wait_closed()
         raise NodeError(await self._ended(proc, "while serving the node"))
+
+
+def decode_line(line: str) -> dict:
+    """One agent message. orjson reads the telemetry stream (about 500 lines/s at 1,000 nodes)
+    several times faster than `json`, which stays the fallback for the NaN and Infinity that
+    Python's encoder writes and orjson refuses. Raises ValueError for a line that is not an
+    object."""
+    try:
+        msg = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        msg = json.loads(line)
+    if not isinstance(msg, dict):
+        raise ValueError(f"not a JSON object: {line[:200]!r}")
+    return msg
 
 
 def main(argv: list) -> int:

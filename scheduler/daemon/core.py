@@ -21,7 +21,7 @@ from ..metrics import Metrics
 from ..models import Job, Node, Queue
 from ..nodes import SshSettings
 from ..planner import PolicyConfig, UsageLedger
-from ..store import init_schema, make_engine
+from ..store import init_schema, make_engine, row_objects
 from .accounting import Accounting
 from .autoscale import Autoscaler, ansible_bootstrap
 from .caller import Caller
@@ -52,7 +52,12 @@ from .tokens import Tokens
 from .views import node_json
 
 log = logging.getLogger("trainyard.daemon")
-NODES_RENDER_MAX_AGE_S = 1.0  # how old a reused GET /v1/nodes may be (see Daemon.nodes_listing)
+
+
+def _same_inputs(was: tuple, now: tuple) -> bool:
+    """A node's telemetry sample is compared by identity (each sample is a new object); its row
+    by identity, else by value (a write to one node reads every row again), the rest by value."""
+    return was[1] is now[1] and (was[0] is now[0] or was[0] == now[0]) and was[2:] == now[2:]
 
 
 class Daemon:
@@ -138,7 +143,7 @@ class Daemon:
         self.overview.live_usage = self.readmodel.live_usage = live
         self._tasks: list[asyncio.Task] = []
         self._office: list[asyncio.Task] = []  # what only the leader runs
-        self._nodes_render: tuple[tuple, float, bytes] | None = None  # (key, when, JSON)
+        self._node_parts: dict[str, tuple[tuple, bytes]] = {}  # node -> (inputs, JSON): nodes_listing
         self._node_rows_seen: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
         self._running = False
 
@@ -367,24 +372,29 @@ class Daemon:
 
     # ---------------------------------------------------------------- node views
     def nodes_listing(self) -> bytes:
-        """GET /v1/nodes as JSON. On the leader the rendering is reused for up to
-        NODES_RENDER_MAX_AGE_S (GPU telemetry arrives every few seconds; at 1,000 nodes the
-        listing is ~3 MB) and made again at once when a node's row, link, allocated GPUs or
-        health changes, so a drain or a job's start shows on the very next request."""
-        key = None
-        if self.leadership.leading:
-            excluded = self.health.excluded
-            key = (self.store.nodes_version, frozenset(self.store.active.gpus_on.items()),
-                   self.links.state_key(),
-                   tuple((n, tuple(sorted(g.items()))) for n, g in sorted(excluded.items()) if g))
-        now = self.clock.monotonic()
-        cached = self._nodes_render
-        if key is not None and cached is not None and cached[0] == key \
-                and now - cached[1] < NODES_RENDER_MAX_AGE_S:
-            return cached[2]
-        body = orjson.dumps(self.node_views(), option=orjson.OPT_NON_STR_KEYS)
-        self._nodes_render = (key, now, body) if key is not None else None
-        return body
+        """GET /v1/nodes as JSON, never stale. On the leader each node's part is kept, rendered,
+        with what it was made from (its row, its link's state, its last telemetry sample, the
+        GPUs jobs hold on it, its excluded GPUs) and made again only when one of those changed:
+        at 1,000 nodes sending telemetry every 2 s (a ~3 MB listing) a request costs what the
+        nodes that changed since the last one cost. A standby renders every node each time."""
+        if not self.leadership.leading:
+            self._node_parts = {}
+            return orjson.dumps(self.node_views(), option=orjson.OPT_NON_STR_KEYS)
+        with self.store.read() as s:
+            used = self.overview.usage(s)
+            rows = self._node_rows(s)
+        kept, parts = self._node_parts, {}
+        links, telemetry = self.links, self.links.telemetry
+        for n in rows:
+            name = n.name
+            inputs = (n, telemetry.get(name), links.connected(name), links.problem(name),
+                      used.get(name, 0), self.health.excluded_gpus(name))
+            was = kept.get(name)
+            if was is None or not _same_inputs(was[0], inputs):
+                was = (inputs, orjson.dumps(self._node_view(n, used), option=orjson.OPT_NON_STR_KEYS))
+            parts[name] = was
+        self._node_parts = parts
+        return b"[" + b",".join(part for _, part in parts.values()) + b"]"
 
     def _node_rows(self, s: Session) -> list[SimpleNamespace]:
         """Every node's row, decoded once per change of the node table on the leader (whose
@@ -394,7 +404,7 @@ class Daemon:
                 and self._node_rows_seen[0] == version:
             return self._node_rows_seen[1]
         t = Node.__table__
-        rows = [SimpleNamespace(**r._mapping) for r in s.connection().execute(sa_select(t).order_by(t.c.name))]
+        rows = row_objects(s.connection().execute(sa_select(t).order_by(t.c.name)))
         self._node_rows_seen = (version, rows) if self.leadership.leading else None
         return rows
 
@@ -404,10 +414,13 @@ class Daemon:
             used = self.overview.usage(s)
             # rows, not ORM objects, for the list: it answers every TUI refresh on 1,000 nodes
             nodes = [Inventory.get(s, name)] if name is not None else self._node_rows(s)
-            return [{**node_json(n, connected=self.links.connected(n.name), problem=self.links.problem(n.name),
-                                 gpus_used=used.get(n.name, 0), telemetry=self.links.telemetry.get(n.name),
-                                 excluded=self.health.excluded_gpus(n.name)),
-                     "health_checks": n.health_checks or {}} for n in nodes]
+            return [self._node_view(n, used) for n in nodes]
+
+    def _node_view(self, n, used: dict[str, int]) -> dict[str, Any]:
+        return {**node_json(n, connected=self.links.connected(n.name), problem=self.links.problem(n.name),
+                            gpus_used=used.get(n.name, 0), telemetry=self.links.telemetry.get(n.name),
+                            excluded=self.health.excluded_gpus(n.name)),
+                "health_checks": n.health_checks or {}}
 
     # ---------------------------------------------------------------- for metrics (read-only)
     @property

@@ -15,6 +15,7 @@ from sqlmodel import Session, select
 from .. import models as m
 from ..models import Job, Node, Queue
 from ..planner import PolicyConfig, depends_on, parse_array
+from ..store import row_objects
 from .caller import Caller
 from .clock import Clock
 from .errors import Conflict, DomainError, Forbidden, NotFound
@@ -133,7 +134,7 @@ class JobService:
             q = q.where(t.queue == f.queue)
         q = q.order_by(t.id.desc() if f.all else t.id).limit(f.limit)
         with self.store.engine.connect() as conn:
-            rows = [SimpleNamespace(**r._mapping) for r in conn.execute(q)]
+            rows = row_objects(conn.execute(q))
         uses = self.policy.backfill_on_prediction
         return [{**job_json(j, caller), **prediction_json(j, uses)} for j in rows]
 

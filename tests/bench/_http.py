@@ -26,7 +26,11 @@ class Connection:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         return self
 
-    async def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
+    async def request(self, method: str, path: str, body: dict | None = None,
+                      decode: bool = True) -> tuple[int, object]:
+        """(status, the decoded JSON body); with `decode=False` the body's bytes, so that a latency
+        measured ends with the response's last byte and not with the client's own JSON parsing
+        (stdlib json takes ~40 ms for the 3 MB node listing at 1,000 nodes)."""
         data = json.dumps(body).encode() if body is not None else b""
         extra = f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n" if body is not None else ""
         raw = f"{method} {path} HTTP/1.1\r\n{self.head}{extra}\r\n".encode() + data
@@ -44,6 +48,8 @@ class Connection:
             if name.lower() == b"content-length":
                 length = int(value)
         payload = await self.reader.readexactly(length) if length else b""
+        if not decode:
+            return status, payload
         return status, json.loads(payload) if payload else None
 
     async def close(self) -> None:

@@ -4,7 +4,7 @@ agent protocol is answered in-process), each sending telemetry every 2 s, with 5
 pending jobs per node (5,000 and 10,000 at 1,000 nodes; the running ones fill every GPU, so the
 pending ones wait for resources and every scheduling cycle plans all of them). Prints the daemon's
 CPU and RSS at steady state, the scheduling cycle, and GET /v1/jobs (one page) and GET /v1/nodes
-latency while all of that runs. Run:
+latency (request written to the response's last byte read) while all of that runs. Run:
     .venv/bin/python tests/bench/bench_cluster_size.py [--health-history N] [NODES ...]   (default: 100 1000)
 """
 
@@ -138,7 +138,7 @@ async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
     while time.monotonic() - t0 < STEADY_S:
         for kind, path in (("jobs", f"/v1/jobs?limit={PAGE}"), ("nodes", "/v1/nodes")):
             t = time.perf_counter()
-            status, _ = await c.request("GET", path)
+            status, _ = await c.request("GET", path, decode=False)  # to the last byte
             lat[kind].append(time.perf_counter() - t)
             assert status == 200, (path, status)
         await asyncio.sleep(0.5)

@@ -132,3 +132,49 @@ def test_the_kept_backlog_equals_a_full_read_after_every_kind_of_change(daemon):
     with d.store.read() as s:
         states = {j.state for j in s.exec(select(Job)).all()}
     assert {m.PENDING, m.RUNNING} <= states and len(ids) > 50  # the mix reached every kind of row
+
+
+def reasons(d: Daemon) -> dict[int, tuple]:
+    with d.store.read() as s:
+        return {j.id: (j.state, j.reason, j.estimated_start)
+                for j in s.exec(select(Job).where(Job.state.in_((m.PENDING, m.CANCELLED))))}
+
+
+def test_a_long_backlogs_waits_are_built_off_the_loop_and_keep_what_users_did_meanwhile(daemon, monkeypatch):
+    import asyncio
+
+    import scheduler.daemon.scheduling as scheduling
+
+    monkeypatch.setattr(scheduling, "LONG_BACKLOG", 5)
+    d, clock = daemon
+    d.dispatcher.dispatch = lambda job: None
+    ids = [d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=4, time_limit_s=600))["id"]
+           for _ in range(12)]
+    # the daemon's loop: the cycle starts what fits and leaves the waits to be built
+    assert d.cycle.run_once(waits_later=True) == 3
+    assert d.cycle.waits_pending is not None
+    before = reasons(d)
+    assert all(est is None for _, _, est in before.values()), "no estimate is written in the cycle"
+    # meanwhile a user holds one pending job and cancels another
+    held, cancelled = ids[5], ids[6]
+    d.jobs.act(ADMIN, held, "hold")
+    d.jobs.act(ADMIN, cancelled, "cancel")
+    asyncio.run(d.cycle.write_waits())
+    after = reasons(d)
+    assert d.cycle.waits_pending is None
+    waiting = [j for j in ids[3:] if j not in (held, cancelled)]
+    assert after[waiting[0]][1] == "Resources"  # the first in line; those behind it: Priority
+    assert {after[j][1] for j in waiting[1:]} == {"Priority"}
+    assert after[waiting[0]][2] is not None, "the first in line has an estimated start"
+    assert after[held][:2] == (m.PENDING, m.HELD_ADMIN), "the (operator's) hold's reason is kept"
+    assert after[cancelled][0] == m.CANCELLED and after[cancelled][2] is None
+    # within WAITS_EVERY_S the next cycles leave the waits alone; after it, they are built again
+    clock.advance(1)
+    d.cycle.run_once(waits_later=True)
+    assert d.cycle.waits_pending is None
+    clock.advance(scheduling.WAITS_EVERY_S)
+    d.cycle.run_once(waits_later=True)
+    assert d.cycle.waits_pending is not None
+    # the kept rows agree with the database after the write: a full read plans the same
+    asyncio.run(d.cycle.write_waits())
+    assert planned(d.cycle, d, clock.time()) == fresh(d, clock.time())
