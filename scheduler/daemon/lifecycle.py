@@ -259,12 +259,14 @@ class JobLifecycle:
         self.store.record(s, actor, "node.drain", node.name, {"state": node.state, "reason": reason}, address)
 
     def settle_drains(self, s: Session, nodes: list[str], exclude: int | None = None) -> None:
-        for name in nodes:
-            node = s.get(Node, name)
-            if node is None or node.state != m.DRAINING:
-                continue
+        """DRAINING nodes that no active job holds any more become DRAINED."""
+        # on every job end: ask for the draining ones' names, not every node's whole row
+        draining = s.exec(select(Node.name).where(col(Node.name).in_(nodes),
+                                                  Node.state == m.DRAINING)).all() if nodes else ()
+        for name in draining:
             if self.store.active.on(name) - {exclude}:
                 continue
+            node = s.get(Node, name)
             node.state = m.DRAINED
             s.add(node)
             self.store.record(s, "trainyard", "node.state", name, {"state": m.DRAINED, "reason": node.reason})

@@ -205,6 +205,7 @@ class SchedulingCycle:
         self._node_rows: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
         self._waits_due = 0.0  # when a long backlog's reasons are written again
         self.waits_pending = None  # (decisions, rows) of a cycle whose waits write_waits builds
+        self._ended = 0.0  # perf_counter when the loop's last cycle ended
         self._allocated = Allocated()  # what the views in _active_cache hold, by node
         self._node_views: tuple[tuple, tuple[NodeView, ...]] | None = None  # (inputs, views)
         self.refine_reason = None  # job id -> a more specific "Resources" (the autoscaler's)
@@ -483,8 +484,12 @@ class SchedulingCycle:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), idle)
             # Pace the cycles: a burst of submissions is planned together, and scheduling never
-            # takes more than about a quarter of the event loop's time from the API.
-            await asyncio.sleep(min(0.25, max(0.002, 3 * self.last_cycle_s)))
+            # takes more than about a quarter of the event loop's time from the API: the next
+            # cycle starts at least 3x the last one's length after it ended. A submission to an
+            # idle daemon is planned at once (after this turn of the loop, so that submissions
+            # that came together are planned together).
+            rest = min(0.25, 3 * self.last_cycle_s) - (time.perf_counter() - self._ended)
+            await asyncio.sleep(rest if rest > 0.002 else 0)
             self._wake.clear()
             try:
                 self.run_once(waits_later=True)
@@ -493,3 +498,4 @@ class SchedulingCycle:
             except Exception:
                 self.waits_pending = None
                 log.exception("scheduling cycle failed")
+            self._ended = time.perf_counter()
