@@ -129,6 +129,10 @@ class Metrics:
         self.submit_to_running = Histogram(
             "trainyard_submit_to_running_seconds", "From submission to RUNNING",
             buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.gc_pause = Histogram(
+            "trainyard_gc_pause_seconds",
+            "Pauses of the daemon's garbage collector, by generation (the event loop waits for each)",
+            ["generation"], buckets=LATENCY_BUCKETS, registry=self.registry)
 
     # --- counter hooks the daemon calls
     def job_submitted(self, queue: str, n: int = 1) -> None:

@@ -8,6 +8,7 @@ import gc
 import logging
 import resource
 import socket
+import time
 from collections.abc import Callable
 
 import uvicorn
@@ -15,6 +16,7 @@ import uvicorn
 from .api import create_app
 from .config import parse_listen
 from .daemon import Daemon
+from .metrics import Metrics
 
 # The collector's default (700, 10, 10) runs a young collection every 700 new container objects
 # and a full one every few seconds at 1,000 nodes, where the daemon holds millions of objects
@@ -38,8 +40,19 @@ def run(main) -> None:
         runner.run(main)
 
 
-def tune_gc() -> None:
-    """Shorten the garbage collector's pauses on the event loop (see GC_THRESHOLDS)."""
+def tune_gc(metrics: Metrics) -> None:
+    """Shorten the garbage collector's pauses on the event loop (see GC_THRESHOLDS) and time
+    each one into trainyard_gc_pause_seconds."""
+    started = [0.0]
+    by_generation = [metrics.gc_pause.labels(str(g)) for g in range(3)]
+
+    def timed(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            by_generation[info["generation"]].observe(time.perf_counter() - started[0])
+
+    gc.callbacks.append(timed)
     gc.collect()
     gc.freeze()  # the imported modules and the started daemon live as long as the process
     gc.set_threshold(*GC_THRESHOLDS)
@@ -92,7 +105,7 @@ async def serve(daemon: Daemon, sock: socket.socket, on_ready: Callable[[Daemon]
                             proxy_headers=False)  # the audit log records the real peer address
     server = _Server(config)
     await daemon.start()
-    tune_gc()
+    tune_gc(daemon.metrics)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:

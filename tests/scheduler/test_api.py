@@ -143,6 +143,9 @@ def test_metrics_expose_jobs_gpus_and_latencies(api):
     for name in ("trainyard_gpus ", "trainyard_gpus_allocated", "trainyard_jobs_submitted_total", "trainyard_schedule_cycle_seconds_bucket",
                  "trainyard_dispatch_latency_seconds_bucket", "trainyard_submit_to_running_seconds_bucket"):
         assert name in text
+    # the daemon's collector pauses are timed (one full collection at least: the one at start)
+    full = [line for line in text.splitlines() if line.startswith('trainyard_gc_pause_seconds_count{generation="2"}')]
+    assert full and float(full[0].split()[-1]) >= 1
 
 
 def test_event_stream_delivers_changes_as_server_sent_events(api):
