@@ -5,7 +5,8 @@ pending jobs per node (5,000 and 10,000 at 1,000 nodes; the running ones fill ev
 pending ones wait for resources and every scheduling cycle plans all of them). Prints the daemon's
 CPU and RSS at steady state, the scheduling cycle, and GET /v1/jobs (one page) and GET /v1/nodes
 latency (request written to the response's last byte read) while all of that runs. Run:
-    .venv/bin/python tests/bench/bench_cluster_size.py [--health-history N] [NODES ...]   (default: 100 1000)
+    .venv/bin/python tests/bench/bench_cluster_size.py [--health-history N] [--steady SECONDS] [NODES ...]
+(default: 100 1000, 30 s of steady state)
 """
 
 from __future__ import annotations
@@ -106,6 +107,26 @@ def cycle_stats(text: str) -> tuple[float, int]:
     return total, int(count)
 
 
+def gc_stats(text: str) -> dict[str, float]:
+    """Per generation of the daemon's garbage collector (trainyard_gc_pause_seconds): the count
+    of pauses, their sum in seconds, and how many lasted 50 ms or more."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("trainyard_gc_pause_seconds"):
+            continue
+        name, value = line.rsplit(" ", 1)
+        gen = name.split('generation="')[1][0]
+        if name.startswith("trainyard_gc_pause_seconds_count"):
+            out[f"n{gen}"] = float(value)
+        elif name.startswith("trainyard_gc_pause_seconds_sum"):
+            out[f"s{gen}"] = float(value)
+        elif 'le="0.025"' in name:
+            out[f"fast{gen}"] = float(value)
+    for g in "012":
+        out[f"long{g}"] = out.get(f"n{g}", 0) - out.get(f"fast{g}", 0)
+    return out
+
+
 async def metrics_text(url: str) -> str:
     reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
     writer.write(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
@@ -132,7 +153,9 @@ async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
     await submit(url, token, [{"command": ["sleep", "100000"], "gpus": 1, "name": "pending"}] * pending)
     await wait_for(c, f"{pending} jobs PENDING", lambda x: x["jobs_by_state"].get("PENDING", 0) >= pending, 120)
     await asyncio.sleep(5)  # let the submissions' cycles settle
-    sum0, n0 = cycle_stats(await metrics_text(url))
+    text0 = await metrics_text(url)
+    sum0, n0 = cycle_stats(text0)
+    gc0 = gc_stats(text0)
     cpu0, t0 = cpu_s(pid), time.monotonic()
     lat: dict[str, list[float]] = {"jobs": [], "nodes": []}
     while time.monotonic() - t0 < STEADY_S:
@@ -144,12 +167,15 @@ async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
         await asyncio.sleep(0.5)
     wall = time.monotonic() - t0
     cpu = cpu_s(pid) - cpu0
-    sum1, n1 = cycle_stats(await metrics_text(url))
+    text1 = await metrics_text(url)
+    sum1, n1 = cycle_stats(text1)
+    gc1 = gc_stats(text1)
     _, cluster = await c.request("GET", "/v1/cluster")
     await c.close()
     # the probes themselves cost the daemon some CPU: counted, as a user's TUI would be
     return {"nodes": nodes, "cpu_pct": cpu / wall * 100, "rss_mb": rss_mb(pid),
             "cycles": n1 - n0, "cycle_ms": (sum1 - sum0) / max(1, n1 - n0) * 1000,
+            "gc": {k: gc1.get(k, 0) - gc0.get(k, 0) for k in gc1},
             "jobs_p99_ms": percentile(lat["jobs"], 99) * 1000, "jobs_p50_ms": percentile(lat["jobs"], 50) * 1000,
             "nodes_p99_ms": percentile(lat["nodes"], 99) * 1000,
             "nodes_p50_ms": percentile(lat["nodes"], 50) * 1000,
@@ -216,11 +242,15 @@ def main() -> None:
         sys.path.insert(0, str(ROOT))
         fill(Path(sys.argv[2]), Path(sys.argv[3]))
         return
-    global HEALTH_HISTORY
+    global HEALTH_HISTORY, STEADY_S
     args = sys.argv[1:]
     if "--health-history" in args:
         i = args.index("--health-history")
         HEALTH_HISTORY = int(args[i + 1])
+        del args[i:i + 2]
+    if "--steady" in args:  # a longer steady state: how often a full garbage collection comes
+        i = args.index("--steady")
+        STEADY_S = int(args[i + 1])
         del args[i:i + 2]
     sizes = [int(a) for a in args] or [100, 1000]
     print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f}; [health] history_samples "
@@ -233,7 +263,10 @@ def main() -> None:
         print(f"  steady state ({STEADY_S} s): daemon CPU {r['cpu_pct']:.0f} % of one core, RSS {r['rss_mb']:.0f} MB; "
               f"{r['cycles']} scheduling cycles, mean {r['cycle_ms']:.0f} ms; GET /v1/jobs?limit={PAGE} "
               f"p50 {r['jobs_p50_ms']:.1f} p99 {r['jobs_p99_ms']:.1f} ms; GET /v1/nodes p50 {r['nodes_p50_ms']:.1f} "
-              f"p99 {r['nodes_p99_ms']:.1f} ms ({r['running']:,} running, {r['pending']:,} pending)")
+              f"p99 {r['nodes_p99_ms']:.1f} ms ({r['running']:,} running, {r['pending']:,} pending); "
+              + "garbage collector pauses: " + ", ".join(
+                  f"generation {g} {r['gc'][f'n{g}']:.0f} (mean {r['gc'][f's{g}'] / max(1, r['gc'][f'n{g}']) * 1000:.1f} ms, "
+                  f"{r['gc'][f'long{g}']:.0f} over 25 ms)" for g in "012"))
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]
         k = (5000 - b["nodes"]) / (b["nodes"] - a["nodes"])
