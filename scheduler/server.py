@@ -43,19 +43,20 @@ def run(main) -> None:
         runner.run(main)
 
 
-def tune_gc(metrics: Metrics) -> None:
+def tune_gc(metrics: Metrics | None = None) -> None:
     """Shorten the garbage collector's pauses on the event loop (see GC_THRESHOLDS) and time
     each one into trainyard_gc_pause_seconds."""
-    started = [0.0]
-    by_generation = [metrics.gc_pause.labels(str(g)) for g in range(3)]
+    if metrics is not None:
+        started = [0.0]
+        by_generation = [metrics.gc_pause.labels(str(g)) for g in range(3)]
 
-    def timed(phase: str, info: dict) -> None:
-        if phase == "start":
-            started[0] = time.perf_counter()
-        else:
-            by_generation[info["generation"]].observe(time.perf_counter() - started[0])
+        def timed(phase: str, info: dict) -> None:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                by_generation[info["generation"]].observe(time.perf_counter() - started[0])
 
-    gc.callbacks.append(timed)
+        gc.callbacks.append(timed)
     gc.collect()
     gc.freeze()  # the imported modules and the started daemon live as long as the process
     gc.set_threshold(*GC_THRESHOLDS)

@@ -69,8 +69,10 @@ def measure(active: int) -> dict[str, float]:
 
     from scheduler.daemon.lifecycle import RankExit
     from scheduler.models import Job
+    from scheduler.server import tune_gc
 
     d, probes = build(active)
+    tune_gc()  # the garbage collector tuned as in the daemon's process
     r = d.reconciler
     started = [timed(r.on_started, "probe", f"{j}.0") for j in probes]
     busy = f"gpu-{0:04d}"  # a node with GPUS jobs on it
