@@ -136,6 +136,7 @@ class Partition:
     # last pass (most passes start or end a few jobs on a few nodes)
     node_views: tuple[NodeView, ...] | None = None
     running_views: tuple[JobView, ...] | None = None
+    running_view_of: dict[int, JobView] = field(default_factory=dict)  # in `running`'s order
     changed: set[str] = field(default_factory=set)  # nodes whose free GPUs changed
 
 
@@ -264,6 +265,7 @@ class Simulator:
         part.running_views = None
         self.held_gpu_s += (now - j.start) * j.gpn * j.nodes
         del part.running[j.t.id]
+        del part.running_view_of[j.t.id]
         j.allocation = ()
         if requeue:  # preempted: back to PENDING with the work it has left
             j.start = None
@@ -298,13 +300,13 @@ class Simulator:
             return
         self.passes += 1
         if part.running_views is None:
-            part.running_views = tuple(j.view for j in part.running.values())
+            part.running_views = tuple(part.running_view_of.values())
         running = part.running_views
         if part.node_views is None or part.changed:
             for name in part.changed:
                 self.node_view(part, name)
             part.changed.clear()
-            part.node_views = tuple(part.views[name] for name in part.names)
+            part.node_views = tuple(map(part.views.__getitem__, part.names))
         usage = {}
         if self.use_usage:
             keys = None
@@ -341,6 +343,7 @@ class Simulator:
             j.epoch += 1
             j.view = self.running_view(j)
             part.running[j.t.id] = j
+            part.running_view_of[j.t.id] = j.view
             self.push(now + j.remaining, FINISH, j)
         if d.starts or d.preempts:
             part.running_views = None
@@ -358,7 +361,7 @@ class Simulator:
                 j.epoch += 1
                 self.push(now + p.grace_period_s, RELEASE, j)
             # else it has less work left than its grace period and simply finishes
-            j.view = self.running_view(j)
+            j.view = part.running_view_of[j.t.id] = self.running_view(j)
 
     def metrics(self, wall_s: float) -> dict:
         done = self.finished_jobs

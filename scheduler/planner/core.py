@@ -8,6 +8,7 @@ jobs it did not reach are built only when they are read.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
@@ -279,12 +280,14 @@ class _Pass:
 
     def run(self) -> Decisions:
         s, now, policy, state = self.s, self.now, self.policy, self.state
-        cluster_gpus = sum(n.gpus_total for n in s.nodes if n.schedulable)
         memo = self.order
         sig, class_of, seq_of, full_key = order_runs(policy, s.queues)
         memo.sync(s.pending, sig, class_of, seq_of)
-        key = order_key(policy, s.queues, now, s.usage, cluster_gpus, memo.representatives(),
-                        self.team_of) if full_key else None
+        key = None
+        if full_key:
+            cluster_gpus = sum(n.gpus_total for n in s.nodes if n.schedulable)
+            key = order_key(policy, s.queues, now, s.usage, cluster_gpus,
+                            memo.representatives(), self.team_of)
         order = memo.ordered(key)
 
         strict = not policy.backfill and policy.queueing == "strict"
@@ -468,6 +471,57 @@ class _Pass:
             left = remaining[v.id] = left if left > 0.0 else 0.0
             net[v.id] = left - g * v.gpus * v.nodes
 
+    def srsf_ranked(self, cap: int | None, bound: float | None) -> list[tuple[float, JobView]]:
+        """(rank, job) of the running jobs SRSF may evict: preemptible, not already leaving,
+        under the per-job cap, and ranked (minus the service left net of the grace period)
+        below `bound`. Works out net_left only for the few `ServiceIndex` says may be (the
+        others, when asked, by net_left)."""
+        now, policy, net, remaining = self.now, self.policy, self.net, self.remaining
+        grace: dict[str, float] = {}
+        unknown = policy.default_time_limit_s or UNKNOWN_RUNTIME_S
+        low = INF if bound is None else bound
+
+        def constant(v: JobView) -> float | None:
+            # net service left is about this - GPUs x now (see ServiceIndex)
+            if not v.preemptible or v.preempted_at is not None or (
+                    cap is not None and v.preemptions >= cap):
+                return None
+            runtime = v.predicted_runtime_s
+            if runtime is None:
+                runtime = v.time_limit_s
+                if runtime is None:
+                    runtime = unknown
+            gpus = v.gpus * v.nodes
+            a = (runtime - policy.grace_for(v)) * gpus - v.attained_gpu_s
+            return a if v.start_time is None else a + v.start_time * gpus
+
+        out = []
+        get = net.get
+        # a job with no service left has a net of minus its grace period's cost: below any
+        # threshold but a negative one
+        above = -low if -low >= 0.0 else -INF
+        for v in self.order.service.candidates(self.s.running, policy, now, -1, above, constant):
+            x = get(v.id)
+            if x is None:
+                g = grace.get(v.queue)
+                if g is None:
+                    g = grace[v.queue] = policy.grace_for(v)
+                # remaining_service(v, now, policy, False), inlined: the same arithmetic
+                runtime = v.predicted_runtime_s
+                if runtime is None:
+                    runtime = v.time_limit_s
+                    if runtime is None:
+                        runtime = unknown
+                start = v.start_time
+                gpus, nodes = v.gpus, v.nodes
+                run = (now - start) * gpus * nodes if start is not None else 0.0
+                left = runtime * gpus * nodes - (v.attained_gpu_s + (run if run > 0.0 else 0.0))
+                left = remaining[v.id] = left if left > 0.0 else 0.0
+                x = net[v.id] = left - g * gpus * nodes
+            if -x < low:
+                out.append((-x, v))
+        return out
+
     def victim_index(self, by_order: bool, level_of, bound: float | None = None) -> VictimIndex:
         """Running jobs in eviction order, built once per pass: under LAS the most-served first,
         under SRSF those with most service left (net of the grace period's cost) first. With
@@ -485,6 +539,11 @@ class _Pass:
             return self.victims
         policy = self.policy
         las, srsf = policy.order == "las", policy.order == "srsf"
+        if by_order and srsf:
+            index = self.order_victims = VictimIndex.from_ranked(
+                self.srsf_ranked(policy.max_preemptions_per_job, bound), self.now)
+            self.order_bound = bound
+            return index
         rank = None
         if las:
             rank = lambda v: -level_of(v)  # noqa: E731
@@ -492,12 +551,8 @@ class _Pass:
             self.all_net_left()
             net = self.net
             rank = lambda v: -net[v.id]  # noqa: E731
-        jobs = [v for v in self.s.running if v.preemptible and v.preempted_at is None]
         if by_order:
             cap = policy.max_preemptions_per_job
-            if cap is not None:
-                jobs = [v for v in jobs if v.preemptions < cap]
-            ranks = None
             if las:
                 # evictable by some job only past the first threshold (or, once per level,
                 # past the threshold after its last preemption); the level of each job kept
@@ -507,7 +562,30 @@ class _Pass:
                 per_level = policy.las_preempt_once_per_level
                 now, top, levels = self.now, len(th), self.levels
                 low = INF if bound is None else bound
-                kept, ranks = [], {}
+                kept = []
+                # only jobs whose attained service reaches the threshold above the
+                # preemptor's level can rank below `bound` (-level)
+                at_least = -INF
+                none = False
+                if bound is not None:
+                    need_level = math.floor(-bound)
+                    if need_level >= top:
+                        none = True
+                    elif need_level >= 0 and -bound == need_level:
+                        at_least = th[need_level]
+
+                def constant(v: JobView) -> float | None:
+                    # attained service is about this + GPUs x now (see ServiceIndex)
+                    if not v.preemptible or v.preempted_at is not None or (
+                            cap is not None and v.preemptions >= cap) or (
+                            per_level and v.preemptions >= top):
+                        return None
+                    if v.start_time is None:
+                        return v.attained_gpu_s
+                    return v.attained_gpu_s - v.start_time * v.gpus * v.nodes
+
+                jobs = [] if none else self.order.service.candidates(
+                    self.s.running, (policy, "las"), now, 1, at_least, constant)
                 for v in jobs:
                     k = v.preemptions if per_level else 0
                     if k >= top:
@@ -520,15 +598,16 @@ class _Pass:
                             lv = levels[v.id] = bisect_right(th, v.attained_gpu_s
                                                              + max(0.0, run))
                         if -lv < low:
-                            kept.append(v)
-                            ranks[v.id] = -lv
-                jobs = kept
-            elif srsf:
-                net = self.net
-                ranks = {v.id: -net[v.id] for v in jobs}
-            index = self.order_victims = VictimIndex(jobs, self.now, rank, bound, ranks)
+                            kept.append((-lv, v))
+                index = VictimIndex.from_ranked(kept, now)
+            else:
+                jobs = [v for v in self.s.running if v.preemptible and v.preempted_at is None
+                        and (cap is None or v.preemptions < cap)]
+                index = VictimIndex(jobs, self.now, rank, bound)
+            self.order_victims = index
             self.order_bound = bound
         else:
+            jobs = [v for v in self.s.running if v.preemptible and v.preempted_at is None]
             index = self.victims = VictimIndex(jobs, self.now, rank)
         return index
 

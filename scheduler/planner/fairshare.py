@@ -32,9 +32,12 @@ class UsageLedger:
         # values are kept as of a reference time, so decaying them all costs one power
         self._ref: float | None = None
         self._value: dict[str, float] = {}
-        # id(running view) -> (view, GPUs x half-life / ln 2, user key, team key), for decayed()
-        self._running: dict[int, tuple[JobView, float, str, str]] = {}
+        # id(running view) -> (view, start, GPUs x half-life / ln 2, user key, team key)
+        self._running: dict[int, tuple[JobView, float | None, float, str, str]] = {}
         self._team_of: Callable[[JobView], str] | None = None
+        # the running jobs of the last call, and their entries that can add usage
+        self._last: object = None
+        self._runs: list[tuple[JobView, float, float, str, str]] = []
 
     def _scale(self, now: float) -> float:
         """What a unit stored at the reference time is worth at `now` (>= 1 for later charges)."""
@@ -89,6 +92,7 @@ class UsageLedger:
         if team_of != self._team_of:
             self._team_of = team_of
             self._running = {}
+            self._last = None
         if not isinstance(running, (list, tuple)):
             running = list(running)
         known = self._running
@@ -97,18 +101,23 @@ class UsageLedger:
             self._running = known = {k: e for k, e in known.items() if k in ids}
         h = self.half_life_s
         get = out.get
-        for job in running:
-            start = job.start_time
-            if start is None or now <= start:
-                continue
-            e = known.get(id(job))
-            if e is None or e[0] is not job:
-                gpus = job.gpus * job.nodes
-                team = team_of(job) if team_of else (job.account or "default")
-                e = known[id(job)] = (job, gpus * h / LN2 if gpus > 0 else 0.0,
-                                      user_key(job.user), team_key(team))
-            _, c, uk, tk = e
-            if c <= 0:
+        if running is not self._last or not isinstance(running, tuple):
+            # (a caller that hands over the same tuple again skips this)
+            entry = known.get
+            runs = []
+            for job in running:
+                e = entry(id(job))
+                if e is None or e[0] is not job:
+                    gpus = job.gpus * job.nodes
+                    team = team_of(job) if team_of else (job.account or "default")
+                    e = known[id(job)] = (job, job.start_time,
+                                          gpus * h / LN2 if gpus > 0 else 0.0,
+                                          user_key(job.user), team_key(team))
+                if e[1] is not None and e[2] > 0:
+                    runs.append(e)
+            self._last, self._runs = running, runs
+        for _, start, c, uk, tk in self._runs:
+            if now <= start:
                 continue
             v = c * (1.0 - 2.0 ** (-(now - start) / h))
             if v <= 0:
@@ -134,7 +143,7 @@ class FairShare:
         self.usage = usage
         self.team_shares = team_shares  # team -> shares, for every team with pending or usage
         self.total_shares = sum(team_shares.values())
-        self.team_total = sum(v for k, v in usage.items() if k.startswith("team:"))
+        self.team_total = sum([v for k, v in usage.items() if k[:5] == "team:"])
         self.team_members = team_members  # team -> number of users sharing it equally
         self._cache: dict[tuple[str, str], float] = {}
 

@@ -10,7 +10,8 @@ heads with the policy's full key, computing it only for jobs it actually reaches
 
 `PendingOrder` is a cache: a pass with a fresh one gives the same order as with a warm one.
 It is also where a caller's other per-pass caches live (the running jobs' expected ends for
-backfill, the node table), so the daemon and a replay keep them by keeping one object.
+backfill, the node table, the running jobs a policy may evict), so the daemon and a replay
+keep them by keeping one object.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from .backfill import RunningEnds
 from .changes import added
 from .placement import NodeTable
+from .preemption import ServiceIndex
 from .types import JobView
 
 
@@ -42,6 +44,7 @@ class PendingOrder:
         # the other things a pass derives from the snapshot that change little between passes
         self.ends = RunningEnds()  # the running jobs' expected ends, for backfill
         self.nodes = NodeTable()  # the nodes' free GPUs, CPUs and memory
+        self.service = ServiceIndex()  # the running jobs a policy may evict, by service
 
     def sync(self, pending: Sequence[JobView], sig: object,
              class_of: Callable[[JobView], tuple], seq_of: Callable[[JobView], tuple]) -> None:

@@ -136,7 +136,6 @@ class ClusterState:
                         self.hidden[name] = len(self.free[name])
                         self.free[name] = []
         self._pools: dict[tuple, Pool] = {}
-        self._node_pools: dict[str, list[Pool]] = {name: [] for name in self.nodes}
         # node -> [[reservation start, spare GPUs, job id], ...]
         self.reserved: dict[str, list[list]] = {}
         self.reserved_need: dict[str, int] = {}
@@ -160,8 +159,6 @@ class ClusterState:
                 names = [n.name for n in self.nodes.values() if node_matches(n, key)]
             p = Pool(names, self.free, self.totals)
             self._pools[key] = p
-            for name in names:
-                self._node_pools[name].append(p)
         return p
 
     def crossings(self, end: float) -> int:
@@ -235,8 +232,9 @@ class ClusterState:
             self._taken.add(name)
             if self._occupied is not None:
                 self._occupied.add(name)
-            for p in self._node_pools[name]:
-                p.move(name, old, len(new_free))
+            for p in self._pools.values():  # those that hold the node have it under `old`
+                if old < len(p.buckets) and name in p.buckets[old]:
+                    p.move(name, old, len(new_free))
             for entry in self.reserved.get(name, ()):
                 if end > entry[0]:
                     entry[1] -= old - len(new_free)

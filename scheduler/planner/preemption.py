@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from collections.abc import Callable, Collection, Mapping, Sequence
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from operator import itemgetter
 
+from .changes import added
 from .placement import INF, ClusterState, Pool
 from .types import JobView
 
@@ -52,8 +55,126 @@ class VictimIndex:
         self.rank = ranks
         self.on = on
 
+    @classmethod
+    def from_ranked(cls, ranked: Iterable[tuple[float, JobView]], now: float) -> VictimIndex:
+        """The index of jobs whose ranks the caller has already worked out (and filtered by
+        its bound): (rank, job) pairs. Saves a second pass over the running jobs."""
+        self = cls.__new__(cls)
+        self.now = now
+        wastes: dict[int, float] = {}
+        ranks: dict[int, float] = {}
+        on: dict[str, list[tuple]] = {}
+        get = on.get
+        for r, v in ranked:
+            start = v.start_time
+            w = v.gpus * v.nodes * max(0.0, now - (start if start is not None else now))
+            jid = v.id
+            wastes[jid] = w
+            ranks[jid] = r
+            alloc = v.allocation
+            if len(alloc) == 1:
+                name, gpus = alloc[0]
+                entry = (r, w, -(start or 0.0), jid, v, len(gpus))
+                lst = get(name)
+                if lst is None:
+                    on[name] = [entry]
+                else:
+                    lst.append(entry)
+                continue
+            for name, gpus in alloc:
+                entry = (r, w, -(start or 0.0), jid, v, len(gpus))
+                lst = get(name)
+                if lst is None:
+                    on[name] = [entry]
+                else:
+                    lst.append(entry)
+        for lst in on.values():
+            if len(lst) > 1:
+                lst.sort(key=_ORDER)
+        self.waste = wastes
+        self.rank = ranks
+        self.on = on
+        return self
+
 
 _ORDER = itemgetter(0, 1, 2, 3)  # rank, waste, -start, job id
+
+
+class ServiceIndex:
+    """The running jobs a policy may evict, by their service, kept between passes by the caller
+    (in `PendingOrder`): a pass looks only at the few whose service passes its threshold (more
+    left than a waiting job needs under SRSF, a higher LAS level), not at every running job.
+
+    A running job's service is, up to rounding, A + rate x GPUs x now, with A fixed by its
+    (immutable) view and the policy, and rate -1 (service left) or +1 (service attained):
+    among jobs holding the same number of GPUs the order by A never changes. Each such group
+    is kept sorted by A, and a pass scans a group only while A + rate x GPUs x now can reach
+    the threshold (with a margin for rounding); the caller then computes the exact service of
+    those, so it keeps exactly the jobs a sweep over every running job would. Only jobs that
+    started, left or changed since the last pass are looked at again. A cache: a fresh one
+    gives the same answer as a warm one.
+    """
+
+    __slots__ = ("_sig", "_views", "_groups", "_always", "_starts")
+
+    def __init__(self):
+        self._sig: object = None
+        self._views: dict[int, tuple[JobView, int, tuple | None]] = {}  # by id(view)
+        self._groups: dict[int, list[tuple[float, int, int]]] = {}  # GPUs -> sorted (-A, id, key)
+        self._always: dict[int, JobView] = {}  # jobs whose A is not a finite number
+        self._starts: dict[int, float] = {}  # the start of every job in the groups
+
+    def candidates(self, running: Sequence[JobView], sig: object, now: float, rate: int,
+                   at_least: float, constant: Callable[[JobView], float | None]
+                   ) -> list[JobView]:
+        """The running jobs whose service may be `at_least` or more at `now` (a superset of
+        those whose service is); `-inf`: every job that may be evicted. `constant(job)` is the
+        job's A, or None if it may never be evicted; `sig` names how A and `rate` are chosen."""
+        if sig != self._sig:
+            self._sig = sig
+            self._views = {}
+            self._groups = {}
+            self._always = {}
+            self._starts = {}
+        known, groups, starts = self._views, self._groups, self._starts
+        current = set(map(id, running))
+        if len(current) != len(known) or current != known.keys():
+            for key in known.keys() - current:
+                _, gpus, entry = known.pop(key)
+                if entry is not None:
+                    lst = groups[gpus]
+                    del lst[bisect.bisect_left(lst, entry)]
+                self._always.pop(key, None)
+                starts.pop(key, None)
+            for job in added(running, current - known.keys()):
+                key = id(job)
+                a = constant(job)
+                start = job.start_time
+                gpus = job.gpus * job.nodes if start is not None else 0
+                entry = None
+                if a is not None:
+                    if math.isfinite(a):
+                        entry = (-a, job.id, key)
+                        bisect.insort(groups.setdefault(gpus, []), entry)
+                        if start is not None:
+                            starts[key] = start
+                    else:
+                        self._always[key] = job
+                known[key] = (job, gpus, entry)  # holds the view, so its id is not reused
+        out = list(self._always.values())
+        # a job started after `now` (clocks apart) has had no run yet, not a negative one:
+        # the line does not hold for it, so every job is looked at
+        if at_least == -INF or (starts and max(starts.values()) > now):
+            out += [known[key][0] for lst in groups.values() for _, _, key in lst]
+            return out
+        for gpus, lst in groups.items():
+            slope = rate * gpus * now
+            for neg_a, _, key in lst:
+                approx = slope - neg_a
+                if approx + 1e-6 * (abs(neg_a) + abs(slope)) + 1.0 < at_least:
+                    break
+                out.append(known[key][0])
+        return out
 
 
 def choose_victims(
