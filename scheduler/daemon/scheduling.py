@@ -69,6 +69,7 @@ FULL_READ_S = 300.0
 # Under a long backlog every pending job's reason and estimated start are worked out again at
 # most this often (building them costs O(backlog) per cycle); a shorter one gets them every cycle
 LONG_BACKLOG = 2000
+IDLE_PLAN_S = 0.05  # a daemon that planned nothing for this long plans a submission at once
 WAITS_SWITCH_S = 0.0005  # the interpreter's thread switch interval while they are built
 WAITS_EVERY_S = 10.0  # (Slurm's backfill works out estimated starts every 30 s by default)
 # pending jobs hold no allocation: skip decoding that JSON column for them
@@ -493,12 +494,15 @@ class SchedulingCycle:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), idle)
             # Pace the cycles: a burst of submissions is planned together, and scheduling never
-            # takes more than about a quarter of the event loop's time from the API: the next
-            # cycle starts at least 3x the last one's length after it ended. A submission to an
-            # idle daemon is planned at once (after this turn of the loop, so that submissions
-            # that came together are planned together).
-            rest = min(0.25, 3 * self.last_cycle_s) - (time.perf_counter() - self._ended)
-            await asyncio.sleep(rest if rest > 0.002 else 0)
+            # takes more than about a quarter of the event loop's time from the API. A daemon
+            # that planned nothing for IDLE_PLAN_S plans a submission at once (after this turn
+            # of the loop, so that submissions that came together are planned together); a
+            # busy one waits 2 ms or 3x the last cycle, which gathers submissions into fewer
+            # cycles.
+            if time.perf_counter() - self._ended >= max(IDLE_PLAN_S, 10 * self.last_cycle_s):
+                await asyncio.sleep(0)
+            else:
+                await asyncio.sleep(min(0.25, max(0.002, 3 * self.last_cycle_s)))
             self._wake.clear()
             try:
                 self.run_once(waits_later=True)
