@@ -47,6 +47,7 @@ class Leadership:
         self.role = "standby" if self.postgres else "leader"
         self.reason = "campaigning for the leader lock" if self.postgres else ""
         self.epoch = 0
+        self._in_office = False  # elected() ran and deposed() has not yet
         self._lock_conn: Connection | None = None
         self._lock_file = None
 
@@ -136,9 +137,18 @@ class Leadership:
 
     async def campaign(self, elected: Callable[[], Awaitable[None]],
                        deposed: Callable[[str], Awaitable[None]], running: Callable[[], bool]) -> None:
-        """Stand by until the lock is ours; lead while it stays ours; step down when it is lost."""
+        """Stand by until the lock is ours; lead while it stays ours; step down when it is lost.
+
+        A leader steps down in two ways: its lock's connection dies, or a write finds the epoch
+        moved on (`fence`). Either way it leaves office (`deposed`) before it campaigns again, and
+        it gives up the lock, so a leader is never elected twice over one office's loops."""
         while running():
-            if not self.leading:
+            if self._in_office and not self.leading:  # the fence found this daemon deposed
+                self._in_office = False
+                self._drop_lock_conn()
+                log.warning("stepping down: %s", self.reason)
+                await deposed(self.reason)
+            elif not self.leading:
                 try:
                     got = await asyncio.to_thread(self._try_lock)
                 except Exception as e:  # noqa: BLE001 - a standby that loses the database says why
@@ -153,12 +163,14 @@ class Leadership:
                         self.reason = f"could not take office: {e}"
                     else:
                         self.role, self.reason = "leader", ""
+                        self._in_office = True
                         log.info("leading (epoch %d)", self.epoch)
                         await elected()
                 elif self._lock_conn is not None:
                     self.reason = "another daemon holds the leader lock"
             elif not await asyncio.to_thread(self._lock_alive):
                 self.role, self.reason = "standby", "lost the database connection that holds the leader lock"
+                self._in_office = False
                 self._drop_lock_conn()
                 log.warning("stepping down: %s", self.reason)
                 await deposed(self.reason)

@@ -86,26 +86,39 @@ def test_kill_9_of_the_leader_the_standby_takes_over_and_every_job_ends_once(pai
     print(f"standby led {took:.1f} s after kill -9 of the leader")
 
 
-def test_a_deposed_leader_cannot_commit(pair):
-    """The epoch fence: once another daemon took office, the old leader's writes abort."""
+def test_a_deposed_leader_cannot_commit_and_leaves_office(pair):
+    """The epoch fence: once another daemon took office, the old leader's writes abort; it leaves
+    office and gives up the lock, and whichever daemon is elected next is fenced the same way."""
     leader, standby = pair
     import psycopg
 
-    url = leader.db.replace("postgresql://", "postgresql://", 1)
+    def depose() -> int:  # another daemon took office: the epoch moved on
+        with psycopg.connect(leader.db, autocommit=True) as conn:
+            return int(conn.execute("UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT) "
+                                    "WHERE key = 'leader_epoch' RETURNING value").fetchone()[0])
 
-    def depose():  # another daemon took office: the epoch moved on
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT) "
-                         "WHERE key = 'leader_epoch'")
+    def post(d: DaemonProc) -> httpx.Response:
+        return httpx.post(f"{d.url}/v1/jobs", json={"command": ["true"]},
+                          headers={"Authorization": f"Bearer {d.token}"})
 
+    epoch = depose()
+    r = post(leader)
+    assert r.status_code == 503 and "deposed" in r.json()["detail"], r.text
+    assert r.headers["retry-after"] == "1"
+    wait_for(lambda: "standing by: deposed" in leader.log.read_text(), 10, what="the deposed leader leaves office")
+
+    # it gave up the lock: one of the two is elected anew, in a later epoch
+    def elected():
+        for d in (leader, standby):
+            if (h := health(d))["role"] == "leader" and h["epoch"] > epoch:
+                return d
+        return None
+    second = wait_for(elected, 15, what="a daemon elected after the deposition")
     depose()
-    r = httpx.post(f"{leader.url}/v1/jobs", json={"command": ["true"]},
-                   headers={"Authorization": f"Bearer {leader.token}"})
-    assert r.status_code == 503 and "deposed" in r.json()["detail"]
-    # deposed again: having stepped down, the daemon may legitimately have been elected anew
-    depose()
-    with pytest.raises(ApiError):
-        Client(leader.url, leader.token).submit({"command": ["true"]})
+    r = post(second)
+    assert r.status_code == 503 and "deposed" in r.json()["detail"], r.text
+    third = wait_for(elected, 15, what="a daemon elected after the second deposition")
+    assert Client(third.url, third.token).jobs(all=True) == []  # neither fenced write left a job behind
 
 
 def test_a_second_daemon_on_one_sqlite_file_is_refused(tmp_path):
