@@ -20,12 +20,12 @@ from .placement import INF, ClusterState, eligibility
 from .policy import PolicyConfig
 from .preemption import VictimIndex, choose_victims
 from .priority import (
-    UNKNOWN_RUNTIME_S,
     attained,
     las_level,
     order_key,
     order_runs,
     remaining_service,
+    runtime_estimate,
 )
 from .quota import QuotaBook, job_gpus
 from .types import (
@@ -452,33 +452,16 @@ class _Pass:
 
     def all_net_left(self) -> None:
         """net_left of every running job, in one sweep (a pass with a preemptor needs them)."""
-        now, policy, net, remaining = self.now, self.policy, self.net, self.remaining
-        grace: dict[str, float] = {}
-        unknown = policy.default_time_limit_s or UNKNOWN_RUNTIME_S
+        net_left = self.net_left
         for v in self.s.running:
-            g = grace.get(v.queue)
-            if g is None:
-                g = grace[v.queue] = policy.grace_for(v)
-            # remaining_service(v, now, policy, False), inlined: the same arithmetic
-            runtime = v.predicted_runtime_s
-            if runtime is None:
-                runtime = v.time_limit_s
-                if runtime is None:
-                    runtime = unknown
-            start = v.start_time
-            run = (now - start) * v.gpus * v.nodes if start is not None else 0.0
-            left = runtime * v.gpus * v.nodes - (v.attained_gpu_s + max(0.0, run))
-            left = remaining[v.id] = left if left > 0.0 else 0.0
-            net[v.id] = left - g * v.gpus * v.nodes
+            net_left(v)
 
     def srsf_ranked(self, cap: int | None, bound: float | None) -> list[tuple[float, JobView]]:
         """(rank, job) of the running jobs SRSF may evict: preemptible, not already leaving,
         under the per-job cap, and ranked (minus the service left net of the grace period)
         below `bound`. Works out net_left only for the few `ServiceIndex` says may be (the
         others, when asked, by net_left)."""
-        now, policy, net, remaining = self.now, self.policy, self.net, self.remaining
-        grace: dict[str, float] = {}
-        unknown = policy.default_time_limit_s or UNKNOWN_RUNTIME_S
+        policy = self.policy
         low = INF if bound is None else bound
 
         def constant(v: JobView) -> float | None:
@@ -486,38 +469,17 @@ class _Pass:
             if not v.preemptible or v.preempted_at is not None or (
                     cap is not None and v.preemptions >= cap):
                 return None
-            runtime = v.predicted_runtime_s
-            if runtime is None:
-                runtime = v.time_limit_s
-                if runtime is None:
-                    runtime = unknown
             gpus = v.gpus * v.nodes
-            a = (runtime - policy.grace_for(v)) * gpus - v.attained_gpu_s
+            a = (runtime_estimate(v, policy) - policy.grace_for(v)) * gpus - v.attained_gpu_s
             return a if v.start_time is None else a + v.start_time * gpus
 
         out = []
-        get = net.get
+        net_left = self.net_left
         # a job with no service left has a net of minus its grace period's cost: below any
         # threshold but a negative one
         above = -low if -low >= 0.0 else -INF
-        for v in self.order.service.candidates(self.s.running, policy, now, -1, above, constant):
-            x = get(v.id)
-            if x is None:
-                g = grace.get(v.queue)
-                if g is None:
-                    g = grace[v.queue] = policy.grace_for(v)
-                # remaining_service(v, now, policy, False), inlined: the same arithmetic
-                runtime = v.predicted_runtime_s
-                if runtime is None:
-                    runtime = v.time_limit_s
-                    if runtime is None:
-                        runtime = unknown
-                start = v.start_time
-                gpus, nodes = v.gpus, v.nodes
-                run = (now - start) * gpus * nodes if start is not None else 0.0
-                left = runtime * gpus * nodes - (v.attained_gpu_s + (run if run > 0.0 else 0.0))
-                left = remaining[v.id] = left if left > 0.0 else 0.0
-                x = net[v.id] = left - g * gpus * nodes
+        for v in self.order.service.candidates(self.s.running, policy, self.now, -1, above, constant):
+            x = net_left(v)
             if -x < low:
                 out.append((-x, v))
         return out

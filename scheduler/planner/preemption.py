@@ -27,39 +27,24 @@ class VictimIndex:
     def __init__(self, running: Sequence[JobView], now: float,
                  rank: Callable[[JobView], float] | None = None, bound: float | None = None,
                  ranked: Mapping[int, float] | None = None):
-        self.now = now
-        wastes: dict[int, float] = {}
-        ranks: dict[int, float] = {}
-        on: dict[str, list[tuple]] = {}
         top = INF if bound is None else bound
-        for v in running:
-            r = ranked[v.id] if ranked is not None else (rank(v) if rank is not None else 0)
-            if r >= top:
-                continue
-            start = v.start_time
-            w = v.gpus * v.nodes * max(0.0, now - (start if start is not None else now))
-            wastes[v.id] = w
-            ranks[v.id] = r
-            head = (r, w, -(start or 0.0), v.id, v)
-            for name, gpus in v.allocation:
-                entry = (*head, len(gpus))
-                lst = on.get(name)
-                if lst is None:
-                    on[name] = [entry]
-                else:
-                    lst.append(entry)
-        for lst in on.values():
-            if len(lst) > 1:
-                lst.sort(key=_ORDER)
-        self.waste = wastes
-        self.rank = ranks
-        self.on = on
+        if ranked is not None:
+            pairs = ((r, v) for v in running if (r := ranked[v.id]) < top)
+        elif rank is not None:
+            pairs = ((r, v) for v in running if (r := rank(v)) < top)
+        else:
+            pairs = ((0, v) for v in running) if top > 0 else iter(())
+        self._build(pairs, now)
 
     @classmethod
     def from_ranked(cls, ranked: Iterable[tuple[float, JobView]], now: float) -> VictimIndex:
         """The index of jobs whose ranks the caller has already worked out (and filtered by
         its bound): (rank, job) pairs. Saves a second pass over the running jobs."""
         self = cls.__new__(cls)
+        self._build(ranked, now)
+        return self
+
+    def _build(self, ranked: Iterable[tuple[float, JobView]], now: float) -> None:
         self.now = now
         wastes: dict[int, float] = {}
         ranks: dict[int, float] = {}
@@ -71,17 +56,7 @@ class VictimIndex:
             jid = v.id
             wastes[jid] = w
             ranks[jid] = r
-            alloc = v.allocation
-            if len(alloc) == 1:
-                name, gpus = alloc[0]
-                entry = (r, w, -(start or 0.0), jid, v, len(gpus))
-                lst = get(name)
-                if lst is None:
-                    on[name] = [entry]
-                else:
-                    lst.append(entry)
-                continue
-            for name, gpus in alloc:
+            for name, gpus in v.allocation:
                 entry = (r, w, -(start or 0.0), jid, v, len(gpus))
                 lst = get(name)
                 if lst is None:
@@ -94,7 +69,6 @@ class VictimIndex:
         self.waste = wastes
         self.rank = ranks
         self.on = on
-        return self
 
 
 _ORDER = itemgetter(0, 1, 2, 3)  # rank, waste, -start, job id

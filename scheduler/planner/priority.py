@@ -31,16 +31,21 @@ def las_level(service_gpu_s: float, thresholds: Sequence[float]) -> int:
 UNKNOWN_RUNTIME_S = 86400.0
 
 
+def runtime_estimate(job: JobView, policy: PolicyConfig) -> float:
+    """The run time SRSF counts on: predicted, else the time limit, else the default."""
+    runtime = job.predicted_runtime_s
+    if runtime is None:
+        runtime = job.time_limit_s
+        if runtime is None:
+            runtime = policy.default_time_limit_s or UNKNOWN_RUNTIME_S
+    return runtime
+
+
 def remaining_service(job: JobView, now: float, policy: PolicyConfig,
                       outlived: bool = True) -> float:
     """GPU-seconds the job still needs: its predicted (else limited) run time less its service,
     or, once it has outlived that, as much again as it has had (with `outlived`; else none)."""
-    runtime = job.predicted_runtime_s
-    if runtime is None:
-        runtime = job.time_limit_s
-    if runtime is None:
-        runtime = policy.default_time_limit_s or UNKNOWN_RUNTIME_S
-    total, done = runtime * job.gpus * job.nodes, attained(job, now)
+    total, done = runtime_estimate(job, policy) * job.gpus * job.nodes, attained(job, now)
     if done >= total > 0 and outlived:
         # it has outlived its estimate: with heavy-tailed run times, a job is expected to run
         # about as long again as it already has
