@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
-from sqlalchemy import func, or_
+from sqlalchemy import case, func, or_
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from .. import models as m
@@ -82,6 +86,87 @@ class RankExit:
     oom: bool = False
 
 
+class Deadlines:
+    """When each active job next needs the housekeeping tick: its time limit, the --signal that
+    comes before it, or the end of a kill's grace period (SIGKILL). Kept in a heap between ticks
+    and updated from the jobs that committed transactions changed (StateStore), so a tick costs
+    O(jobs changed + jobs due), not O(active jobs). Read in full every FULL_READ_S and after
+    `forget` (taking office), as the scheduling cycle's rows are. A job whose deadline came is
+    looked at again at the next tick whatever was done to it, so none is dropped."""
+
+    FULL_READ_S = 300.0
+
+    def __init__(self, store: StateStore):
+        self.store = store
+        self.heap: list[tuple[float, int]] = []
+        self.when: dict[int, float] = {}  # job id -> its deadline in the heap (others are stale)
+        self.again: set[int] = set()  # due at the last tick: read again at this one
+        self.full_at = -math.inf
+
+    def forget(self) -> None:
+        self.full_at = -math.inf
+
+    @staticmethod
+    def _query(kill_grace_s: float):
+        """(id, deadline, signal, signal_time, kill_reason) of active jobs; the deadline without
+        --signal, worked out by the database: the end of a kill's grace, else the time limit."""
+        t = Job.__table__.c
+        deadline = case((t.kill_reason != "", t.kill_time + func.coalesce(t.kill_grace_s, kill_grace_s)),
+                        (t.time_limit_s > 0, t.start_time + t.time_limit_s), else_=None)
+        return sa_select(t.id, deadline, t.signal, t.signal_time, t.kill_reason).where(
+            t.state.in_(m.ACTIVE_STATES))
+
+    def _deadlines(self, s: Session, ids: set[int] | None, kill_grace_s: float) -> dict[int, float]:
+        q, run = self._query(kill_grace_s), s.connection().execute
+        if ids is None:
+            rows = run(q).all()
+        else:
+            rows, ids = [], list(ids)
+            for i in range(0, len(ids), 500):
+                rows += run(q.where(Job.__table__.c.id.in_(ids[i:i + 500]))).all()
+        out = {}
+        for jid, d, sig, signal_time, kill_reason in rows:
+            if d is None:
+                continue
+            if sig and signal_time is None and not kill_reason:  # --signal comes before the limit
+                spec = signal_spec(SimpleNamespace(signal=sig))
+                if spec is not None:
+                    d -= spec.seconds
+            out[jid] = d
+        return out
+
+    def due(self, s: Session, now: float, kill_grace_s: float) -> list[int]:
+        """The ids of the jobs whose deadline is `now` or earlier (a superset of those due)."""
+        changed = self.store.take_deadline_changes() | self.again
+        if now >= self.full_at:
+            self.full_at = now + self.FULL_READ_S
+            self.when = self._deadlines(s, None, kill_grace_s)
+            self.heap = [(d, jid) for jid, d in self.when.items()]
+            heapq.heapify(self.heap)
+        elif changed:
+            when, heap = self.when, self.heap
+            fresh = self._deadlines(s, changed, kill_grace_s)
+            for jid in changed:  # gone, ended, or no deadline any more: nothing to look at
+                d = fresh.get(jid)
+                if d is None:
+                    when.pop(jid, None)
+                elif when.get(jid) != d:
+                    when[jid] = d
+                    heapq.heappush(heap, (d, jid))
+        when, heap = self.when, self.heap
+        out = []
+        while heap and heap[0][0] <= now:
+            d, jid = heapq.heappop(heap)
+            if when.get(jid) == d:
+                del when[jid]
+                out.append(jid)
+        if len(heap) > 2 * len(when) + 1000:  # stale entries: keep the heap the size of the work
+            self.heap = [(d, jid) for jid, d in when.items()]
+            heapq.heapify(self.heap)
+        self.again = set(out)
+        return out
+
+
 class JobLifecycle:
     """Ends jobs: decides each final state in Slurm's words, requeues where allowed, frees nodes."""
 
@@ -95,6 +180,7 @@ class JobLifecycle:
         self.kill_grace_s = kill_grace_s
         self.wake = wake
         self.rank_exits: dict[int, dict[str, RankExit]] = {}
+        self.deadlines = Deadlines(store)
 
     # ---------------------------------------------------------------- queries
     def active_jobs_on(self, s: Session, node: str) -> list[Job]:
@@ -274,15 +360,19 @@ class JobLifecycle:
     # ---------------------------------------------------------------- housekeeping
     def enforce_limits(self, s: Session, now: float) -> None:
         """SIGKILL what outlived its grace period; stop what reached its time limit."""
+        ids = self.deadlines.due(s, now, self.kill_grace_s)
+        if not ids:
+            return
         t = Job.__table__.c
-        # the database picks the few that are due (a superset of what the loop acts on), so a
-        # tick costs O(due jobs), not O(active jobs)
+        # of the jobs whose deadline came, those still due by their committed rows
         grace = func.coalesce(t.kill_grace_s, self.kill_grace_s)
         waiting = (t.kill_reason == "") & t.start_time.is_not(None) & t.time_limit_s.is_not(None)
-        due = s.exec(select(Job).where(col(Job.state).in_(m.ACTIVE_STATES), or_(
-            (t.kill_reason != "") & (t.kill_time + grace < now),
-            waiting & (t.start_time + t.time_limit_s < now),
-            waiting & t.signal_time.is_(None) & (t.signal != "")))).all()
+        due: list[Job] = []
+        for i in range(0, len(ids), 500):
+            due += s.exec(select(Job).where(col(Job.id).in_(ids[i:i + 500]), col(Job.state).in_(m.ACTIVE_STATES), or_(
+                (t.kill_reason != "") & (t.kill_time + grace < now),
+                waiting & (t.start_time + t.time_limit_s < now),
+                waiting & t.signal_time.is_(None) & (t.signal != "")))).all()
         for job in due:
             grace = self.kill_grace_s if job.kill_grace_s is None else job.kill_grace_s
             if job.kill_reason and job.kill_time and now - job.kill_time > grace:

@@ -99,6 +99,8 @@ class StateStore:
         # an existing job does; new jobs are Core inserts with higher ids): what the scheduling
         # cycle re-reads instead of the whole backlog (take_changed_jobs)
         self.changed_jobs: set[int] = set()
+        # the same, for the second reader: the deadlines of time limits and kills (Deadlines)
+        self.deadline_changes: set[int] = set()
         # bumped by every committed transaction that wrote a node (a queue): what caches of
         # those rows compare
         self.nodes_version = 0
@@ -133,6 +135,7 @@ class StateStore:
         finally:
             s.close()
         self.changed_jobs |= touched
+        self.deadline_changes |= touched
         if "node" in tables:
             self.nodes_version += 1
         if "queue" in tables:
@@ -148,6 +151,11 @@ class StateStore:
     def take_changed_jobs(self) -> set[int]:
         """The jobs changed since the last call (for one reader: the scheduling cycle)."""
         out, self.changed_jobs = self.changed_jobs, set()
+        return out
+
+    def take_deadline_changes(self) -> set[int]:
+        """The jobs changed since the last call (for one reader: housekeeping's Deadlines)."""
+        out, self.deadline_changes = self.deadline_changes, set()
         return out
 
     def read(self) -> Session:

@@ -1,6 +1,7 @@
 """Cost per event: an agent's `started`, a job's end (`exited` -> COMPLETED), a node's resync after
 hello, and a housekeeping tick (time limits, unreachable nodes) with 10 and with 10,000 active
-jobs. The daemon's own code runs in this process on a real SQLite database; the nodes' links are
+jobs; the tick's full read of every active job's deadlines (at the first tick, then every 5
+minutes) is shown apart. The daemon's own code runs in this process on a real SQLite database; the nodes' links are
 not connected (what would be sent to them is dropped), so only the daemon's work is timed, in CPU
 seconds of this process (the figures hold on a busy machine). Run:
     .venv/bin/python tests/bench/bench_event_cost.py [ACTIVE ...]
@@ -80,6 +81,10 @@ def measure(active: int) -> dict[str, float]:
               for _ in range(20)] if active >= GPUS else [float("nan")]
     now = time.time()
     ticks = [timed(d.housekeeping, now) for _ in range(20)]
+    full = []
+    for _ in range(5):  # as on taking office, and every 5 minutes
+        d.lifecycle.deadlines.forget()
+        full.append(timed(d.housekeeping, now))
     ended = [timed(r.on_exited, "probe", f"{j}.0", RankExit(0), None) for j in probes]
     telemetry = {"ev": "telemetry", "time": now, "source": "simulated",
                  "gpus": [{"index": g, "util": 50, "mem_used_mb": 1000, "mem_total_mb": 81920, "temp_c": 50,
@@ -92,7 +97,7 @@ def measure(active: int) -> dict[str, float]:
     d.engine.dispose()
     med = statistics.median
     return {"started": med(started), "exited -> COMPLETED": med(ended), "resync of a node (8 jobs)": med(resync),
-            "housekeeping tick": med(ticks), "telemetry": med(tele)}
+            "housekeeping tick": med(ticks), "housekeeping full read": med(full), "telemetry": med(tele)}
 
 
 def main() -> None:
