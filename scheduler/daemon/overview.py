@@ -66,9 +66,11 @@ class Overview:
     def queues(self) -> list[dict[str, Any]]:
         with self.store.read() as s:
             counts = self.job_counts(s)
-            used: dict[str, int] = {}
-            for queue, alloc in view_rows(s, (_T.queue, _T.allocation), _T.state.in_(m.ACTIVE_STATES)):
-                used[queue] = used.get(queue, 0) + sum(len(a["gpus"]) for a in alloc or ())
+            # an active job holds its GPUs per node on each of its nodes: summed by the
+            # database, without decoding every running job's allocation on each refresh
+            used = dict(s.connection().execute(
+                sa_select(_T.queue, func.sum(_T.gpus * _T.nodes)).where(_T.state.in_(m.ACTIVE_STATES))
+                .group_by(_T.queue)).all())
             out = []
             for q in s.exec(select(Queue).order_by(Queue.name)).all():
                 c = {st: n for st, qn, n in counts if qn == q.name}
