@@ -243,16 +243,18 @@ def main() -> None:
         fill(Path(sys.argv[2]), Path(sys.argv[3]))
         return
     global HEALTH_HISTORY, STEADY_S
-    args = sys.argv[1:]
-    if "--health-history" in args:
-        i = args.index("--health-history")
-        HEALTH_HISTORY = int(args[i + 1])
-        del args[i:i + 2]
-    if "--steady" in args:  # a longer steady state: how often a full garbage collection comes
-        i = args.index("--steady")
-        STEADY_S = int(args[i + 1])
-        del args[i:i + 2]
-    sizes = [int(a) for a in args] or [100, 1000]
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("Run:")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("nodes", nargs="*", type=int, default=[100, 1000], help="cluster sizes (default: 100 1000)")
+    ap.add_argument("--steady", type=int, default=STEADY_S, metavar="SECONDS",
+                    help=f"seconds of steady state measured (default {STEADY_S}); longer shows how often "
+                         "a full garbage collection comes")
+    ap.add_argument("--health-history", type=int, default=HEALTH_HISTORY, metavar="N",
+                    help="[health] history_samples of the daemon (default 300)")
+    a = ap.parse_args()
+    HEALTH_HISTORY, STEADY_S, sizes = a.health_history, a.steady, a.nodes
     print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f}; [health] history_samples "
           f"{HEALTH_HISTORY or '300 (default)'}")
     rows = []
