@@ -224,7 +224,7 @@ class Daemon:
         """The leader's work: node links, notifications, the scheduling and housekeeping loops."""
         self.cycle.forget_light_rows()  # another daemon may have led meanwhile: read everything
         self.jobs.forget_cached()
-        self.lifecycle.deadlines.forget()
+        self.lifecycle.forget_cached()
         with self.store.read() as s:
             for node in s.exec(select(Node)).all():
                 self.links.start(node)

@@ -181,6 +181,12 @@ class JobLifecycle:
         self.wake = wake
         self.rank_exits: dict[int, dict[str, RankExit]] = {}
         self.deadlines = Deadlines(store)
+        self._draining_seen: tuple[int, frozenset[str]] = (-1, frozenset())  # (nodes_version, names)
+
+    def forget_cached(self) -> None:
+        """On taking office: another daemon may have changed jobs and nodes meanwhile."""
+        self.deadlines.forget()
+        self._draining_seen = (-1, frozenset())
 
     # ---------------------------------------------------------------- queries
     def active_jobs_on(self, s: Session, node: str) -> list[Job]:
@@ -346,16 +352,28 @@ class JobLifecycle:
 
     def settle_drains(self, s: Session, nodes: list[str], exclude: int | None = None) -> None:
         """DRAINING nodes that no active job holds any more become DRAINED."""
-        # on every job end: ask for the draining ones' names, not every node's whole row
-        draining = s.exec(select(Node.name).where(col(Node.name).in_(nodes),
-                                                  Node.state == m.DRAINING)).all() if nodes else ()
-        for name in draining:
+        if not nodes:
+            return
+        for name in self._draining(s, nodes):
             if self.store.active.on(name) - {exclude}:
                 continue
             node = s.get(Node, name)
             node.state = m.DRAINED
             s.add(node)
             self.store.record(s, "trainyard", "node.state", name, {"state": m.DRAINED, "reason": node.reason})
+
+    def _draining(self, s: Session, nodes: list[str]) -> list[str]:
+        """Which of `nodes` are DRAINING. On every job end: from the names of the draining nodes
+        kept per committed node version (one query when a node changed, none otherwise), or from
+        the database when this transaction itself wrote a node."""
+        if "node" in s.info.get("tables_touched", ()) or any(isinstance(o, Node) for o in s.dirty | s.new):
+            return list(s.exec(select(Node.name).where(col(Node.name).in_(nodes), Node.state == m.DRAINING)).all())
+        version = self.store.nodes_version
+        if self._draining_seen[0] != version:
+            names = frozenset(s.exec(select(Node.name).where(Node.state == m.DRAINING)).all())
+            self._draining_seen = (version, names)
+        draining = self._draining_seen[1]
+        return [n for n in nodes if n in draining] if draining else []
 
     # ---------------------------------------------------------------- housekeeping
     def enforce_limits(self, s: Session, now: float) -> None:

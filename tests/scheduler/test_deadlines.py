@@ -16,7 +16,7 @@ from scheduler.config import DaemonConfig
 from scheduler.daemon import Daemon, ManualClock
 from scheduler.daemon.caller import Caller
 from scheduler.daemon.errors import DomainError
-from scheduler.daemon.lifecycle import RankExit
+from scheduler.daemon.lifecycle import RankExit, signal_spec
 from scheduler.models import Event, Job
 
 ADMIN = Caller("root", "admin")
@@ -45,12 +45,9 @@ def full_scan_due(d: Daemon, now: float) -> set[int]:
             waiting & t.signal_time.is_(None) & (t.signal != "")))).all()
         out = set()
         for j in rows:  # the Python checks that follow the query in enforce_limits
-            if j.kill_reason:
-                out.add(j.id)
-            elif j.time_limit_s and now - j.start_time > j.time_limit_s:
+            if j.kill_reason or (j.time_limit_s and now - j.start_time > j.time_limit_s):
                 out.add(j.id)
             elif j.time_limit_s and j.signal_time is None:
-                from scheduler.daemon.lifecycle import signal_spec
                 spec = signal_spec(j)
                 if spec is not None and now >= j.start_time + j.time_limit_s - spec.seconds:
                     out.add(j.id)

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scheduler.client import ApiError, Client
+from scheduler.client import Client
 from tests.conftest import DaemonProc, add_sshd_node, fresh_pg_db, shared_dir, wait_for, wait_job
 
 
