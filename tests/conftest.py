@@ -558,6 +558,24 @@ def fresh_pg_db(url: str, name: str) -> str:
     return url.rsplit("/", 1)[0] + "/" + name
 
 
+def leading_daemon(request, tmp_path: Path, name: str, clock, **config):
+    """An in-process Daemon on `request.param`'s database ("sqlite", or "postgresql": a fresh
+    database on the test server), leading as the campaign would make it (its writes pass the
+    epoch fence, and it has read and written what taking office does)."""
+    from scheduler.config import DaemonConfig
+    from scheduler.daemon import Daemon
+
+    if request.param == "postgresql":
+        config["db"] = fresh_pg_db(request.getfixturevalue("postgres_url"), f"ty_{name}_{os.getpid()}")
+    d = Daemon(DaemonConfig(**config), tmp_path / "home", clock=clock)
+    d.prepare()
+    if request.param == "postgresql":
+        d.leadership._take_office()
+        d.leadership.role = "leader"
+        d._load_state()  # the default queue, the active jobs
+    return d
+
+
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory):
     """Like `cluster`, but one per test module, for tests that leave the nodes as they found them."""

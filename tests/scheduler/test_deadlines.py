@@ -12,22 +12,22 @@ from sqlalchemy import func, or_
 from sqlmodel import col, select
 
 from scheduler import models as m
-from scheduler.config import DaemonConfig
 from scheduler.daemon import Daemon, ManualClock
 from scheduler.daemon.caller import Caller
 from scheduler.daemon.errors import DomainError
 from scheduler.daemon.lifecycle import RankExit, signal_spec
 from scheduler.models import Event, Job
+from tests.conftest import leading_daemon
 
 ADMIN = Caller("root", "admin")
 GRACE = 10.0
 
 
-@pytest.fixture
-def daemon(tmp_path):
+@pytest.fixture(params=["sqlite", "postgresql"])
+def daemon(request, tmp_path):
+    """The same daemon code on SQLite and on PostgreSQL (the deadlines are worked out in SQL)."""
     clock = ManualClock()
-    d = Daemon(DaemonConfig(kill_grace_s=GRACE), tmp_path / "home", clock=clock)
-    d.prepare()
+    d = leading_daemon(request, tmp_path, "deadlines", clock, kill_grace_s=GRACE)
     d.links.send = lambda node, msg: None  # no agents: what is committed is what counts here
     yield d, clock
     d.engine.dispose()

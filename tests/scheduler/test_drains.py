@@ -11,21 +11,20 @@ import pytest
 from sqlmodel import select
 
 from scheduler import models as m
-from scheduler.config import DaemonConfig
 from scheduler.daemon import Daemon, ManualClock
 from scheduler.daemon.caller import Caller
 from scheduler.daemon.lifecycle import RankExit
 from scheduler.models import Job, Node
+from tests.conftest import leading_daemon
 
 ADMIN = Caller("root", "admin")
 NODES = ("n0", "n1", "n2", "n3")
 
 
-@pytest.fixture
-def daemon(tmp_path):
+@pytest.fixture(params=["sqlite", "postgresql"])
+def daemon(request, tmp_path):
     clock = ManualClock()
-    d = Daemon(DaemonConfig(), tmp_path / "home", clock=clock)
-    d.prepare()
+    d = leading_daemon(request, tmp_path, "drains", clock)
     d.links.send = lambda node, msg: None
     d.links.connected = lambda name: True  # nodes without agents: their rows are what counts here
     with d.store.tx() as s:

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 
 from scheduler import models as m
-from scheduler.config import DaemonConfig
 from scheduler.daemon import Daemon, ManualClock
 from scheduler.models import Job, Queue
+from tests.conftest import leading_daemon
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    d = Daemon(DaemonConfig(), tmp_path / "home", clock=ManualClock())
-    d.prepare()
+@pytest.fixture(params=["sqlite", "postgresql"])
+def daemon(request, tmp_path):
+    clock = ManualClock()
+    d = leading_daemon(request, tmp_path, "queue_usage", clock)
     yield d
     d.engine.dispose()
 
