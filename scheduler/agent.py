@@ -256,6 +256,7 @@ class Agent:
         return {"runtime": runtime, "image": str(containers.parse_image(msg.image)),
                 "mounts": mounts, "workdir": workdir,
                 "cdi": bool(self.containers.get("cdi")), "cache_dir": self.images.dir,
+                "init": self.containers.get("init", True),
                 "high_water_bytes": self.images.high_water, "pull_timeout_s": self.pull_timeout_s,
                 "node": self.node, "mem_mb": msg.mem_mb, "cpus": msg.cpus,
                 "pids_max": self.fencing.pids_max if self.fencing.active else None}

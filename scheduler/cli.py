@@ -727,6 +727,8 @@ def node_show(name, as_json):
         how = (f"by CDI name ({cont.get('cdi_spec')})" if cont.get("cdi")
                else "by device node" + (f" ({cont['cdi_note']})" if cont.get("cdi_note") else ""))
         click.echo(f"  GPUs to containers: {how}")
+        if cont.get("init_note"):
+            click.echo(f"  containers: {cont['init_note']}")
 
 
 def _size(n) -> str:

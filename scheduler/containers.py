@@ -41,6 +41,12 @@ DEFAULT_PULL_TIMEOUT_S = 1800.0
 DEFAULT_HIGH_WATER_GB = 200.0
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+# where podman looks for the init its --init runs (catatonit), when no init_path is configured
+PODMAN_INIT_DIRS = ("/usr/libexec/podman", "/usr/local/libexec/podman", "/usr/lib/podman",
+                    "/usr/local/lib/podman")
+NO_INIT_NOTE = ("podman has no init (catatonit; install the catatonit package): a job's command "
+                "runs as PID 1 of its container, where a signal it does not handle is ignored, so "
+                "a preemption or cancel ends it only when its grace period is over")
 CONTAINER_CGROUP_SUFFIX = ".container"  # the container's parent, beside the job's cgroup
 # the job's limits that a container's parent cgroup copies (cgroup v1), in the order written
 LIMIT_FILES = {"memory": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"),
@@ -270,6 +276,30 @@ def _cdi_for(runtime: str, runtime_version: str, spec: dict) -> dict:
             "cdi_note": note}
 
 
+def podman_init(environ=os.environ) -> str:
+    """The init that `podman run --init` starts (catatonit): its path, or "" where there is
+    none and every `--init` run would fail with exit 125. Read as podman reads it: the
+    `init_path` of the last containers.conf that sets one (CONTAINERS_CONF replaces them all),
+    else catatonit in podman's helper directories."""
+    conf = environ.get("CONTAINERS_CONF")
+    files = [conf] if conf else ["/usr/share/containers/containers.conf",
+                                 "/etc/containers/containers.conf",
+                                 *sorted(glob.glob("/etc/containers/containers.conf.d/*.conf"))]
+    configured = ""
+    for path in files:
+        try:
+            with open(path) as f:
+                text = f.read(1 << 20)
+        except OSError:
+            continue
+        found = re.findall(r"""^\s*init_path\s*=\s*["']([^"']+)["']""", text, re.M)
+        if found:
+            configured = found[-1]
+    candidates = [configured] if configured else \
+        [os.path.join(d, "catatonit") for d in PODMAN_INIT_DIRS]
+    return next((c for c in candidates if os.path.isfile(c) and os.access(c, os.X_OK)), "")
+
+
 def detect(prefer: str = "") -> dict:
     """The node's container runtimes, the one jobs use, and in words why none when none.
 
@@ -293,7 +323,10 @@ def detect(prefer: str = "") -> dict:
         "no container runtime on this node (install podman, docker or enroot)"
         + (f"; {'; '.join(notes)}" if notes else ""))
     version = found.get(runtime, {}).get("version", "")
-    return {"runtime": runtime, "runtimes": found, "reason": reason,
+    # docker's engine carries its own init (docker-init); podman needs catatonit installed
+    init = runtime != "podman" or bool(podman_init())
+    return {"runtime": runtime, "runtimes": found, "reason": reason, "init": init,
+            "init_note": "" if init else NO_INIT_NOTE,
             **_cdi_for(runtime, version, cdi_spec() if runtime else {})}
 
 
@@ -566,14 +599,17 @@ def gpu_devices(gpus: list, dev: str = "/dev", cdi=False) -> list:
 
 def run_argv(runtime: str, *, image_id: str, name: str, argv: list, devices: list,
              mounts: list, workdir: str, env_file: str, uid: int, gid: int, groups: list,
-             mem_mb=None, cpus=None, pids_max=None, cgroup_parent: str = "") -> list:
+             mem_mb=None, cpus=None, pids_max=None, cgroup_parent: str = "",
+             init: bool = True) -> list:
     """The runtime's command that runs ARGV in the image as the job's user with its devices,
     mounts, environment and limits (podman and docker spell it alike). With a cgroup parent
-    the limits are the parent's (see cgroup_parent()), else the runtime sets them."""
+    the limits are the parent's (see cgroup_parent()), else the runtime sets them. An init
+    (PID 1 that forwards signals and reaps) only where the runtime has one (detect())."""
     if runtime not in ("podman", "docker"):
         raise ContainerError(f"running a container with {runtime!r} is not supported here; "
                              "use podman or docker")
-    out = [runtime, "run", "--name", name, "--init", "--network", "host", "--ipc", "host",
+    out = [runtime, "run", "--name", name] + (["--init"] if init else []) + [
+           "--network", "host", "--ipc", "host",
            "--cap-drop", "all", "--security-opt", "no-new-privileges",
            "--user", f"{uid}:{gid}", "--env-file", env_file]
     for g in groups:

@@ -223,7 +223,7 @@ def _prepare_container(spec: dict, account, log: int) -> dict:
             "argv": spec["argv"], "devices": containers.gpu_devices(gpus, cdi=bool(c.get("cdi"))),
             "mounts": mounts, "workdir": c.get("workdir") or "", "env_file": env_file,
             "uid": uid, "gid": gid, "groups": groups, "mem_mb": c.get("mem_mb"),
-            "cpus": c.get("cpus"), "pids_max": c.get("pids_max")}
+            "cpus": c.get("cpus"), "pids_max": c.get("pids_max"), "init": c.get("init", True)}
 
 
 def _wait(pid: int) -> int:

@@ -301,7 +301,8 @@ class Hello:
     fencing: dict[str, Any] = field(default_factory=dict)
     # {"runtime": "podman"|"docker"|"enroot"|"", "runtimes": {name: {"path", "version"}},
     #  "cdi": bool, "cdi_spec": path, "cdi_devices": {"/dev/nvidiaN": CDI name},
-    #  "cdi_note": why not by CDI / GPUs the spec leaves out, "reason": why no runtime}
+    #  "cdi_note": why not by CDI / GPUs the spec leaves out, "reason": why no runtime,
+    #  "init": whether containers get an init (podman: catatonit), "init_note": why not}
     containers: dict[str, Any] = field(default_factory=dict)
 
 

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from scheduler import containers
 from scheduler import nodes as node_links
 from tests.conftest import require_or_skip
 from tests.nodes.conftest import TEST_BASE
@@ -227,3 +228,37 @@ def test_a_container_over_its_memory_ends_out_of_memory(container_node, lab):
     end = link.wait_for("exited", "11.0", timeout=60)
     assert end["oom"] is False and end["rc"] == 0
     assert link.request(op="log", key="11.0")["data"].endswith("8000000\n")
+
+
+def test_a_podman_without_an_init_still_runs_jobs_and_the_node_says_so(
+        node_factory, link_factory, lab, tmp_path):
+    # Debian installs podman's catatonit only as a recommendation: without it `podman run
+    # --init` fails every container with exit 125. The node says so, and runs jobs without it.
+    node = node_factory("n1", gpus=2)
+    etc = podman_config(node.dir / "podman", [lab["open"].address])
+    with (etc / "containers.conf").open("a") as f:
+        f.write('init_path = "/nonexistent/catatonit"\n')  # under [engine], the last section
+    use_podman_config(node, etc)
+    link = link_factory(node)
+    hello = link.wait_up()
+    assert hello["containers"]["runtime"] == "podman" and hello["containers"]["init"] is False
+    assert "install the catatonit package" in hello["containers"]["init_note"]
+    link.send(op="launch", key="1.0", job_id=1, user="bob", image=lab["image"],
+              argv=["sh", "-c", "echo pid $$"])
+    assert link.wait_for("exited", "1.0", timeout=60)["rc"] == 0
+    assert link.request(op="log", key="1.0")["data"].splitlines()[-1] == "pid 1"
+
+
+def test_podman_init_is_found_as_podman_finds_it(tmp_path):
+    init = tmp_path / "catatonit"
+    init.write_text("#!/bin/sh\n")
+    init.chmod(0o755)
+    conf = tmp_path / "containers.conf"
+    conf.write_text(f'[engine]\ninit_path = "{init}"\n')
+    assert containers.podman_init({"CONTAINERS_CONF": str(conf)}) == str(init)
+    conf.write_text('[engine]\ninit_path = "/nonexistent/catatonit"\n')
+    assert containers.podman_init({"CONTAINERS_CONF": str(conf)}) == ""
+    argv = containers.run_argv("podman", image_id="i", name="n", argv=["true"], devices=[],
+                               mounts=[], workdir="", env_file="e", uid=1, gid=1, groups=[],
+                               init=False)
+    assert "--init" not in argv and argv[-2:] == ["i", "true"]
