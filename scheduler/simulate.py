@@ -573,14 +573,16 @@ makespan; with `oracle` among the policies, each policy's mean JCT as a ratio to
                           every run time, the reference the others are measured against.
 
 \b
-Philly has no users: each job gets a synthetic user of its VC (Zipf-distributed, from
---seed), its team is its VC. Time limits are the true run time x --estimate-factor.
+A trace without users (Philly, Alibaba's) gives each job a synthetic user of its VC
+(Zipf-distributed, from --seed); its team is its VC. Time limits are the true run time x
+--estimate-factor. Alibaba's GPU pods (cluster-trace-gpu-v2023) queue by QoS class, and a pod
+that asked for part of a GPU gets a whole one (counted in the output).
 """
 
 
 @click.command("simulate", help=HELP)
 @click.option("--trace", "trace_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="trace CSV (Philly's, Helios-style or generic)")
+              help="trace CSV (Philly's, Helios-style, Alibaba's GPU pods or generic)")
 @click.option("--cluster", "spec", help="NxG, a CSV of 'vc,node num'; with --load: pooled, per-vc")
 @click.option("--load", "load", type=float, help="size the cluster for this offered load, (0, 1.5]")
 @click.option("--window", nargs=2, metavar="START END", help="replay jobs submitted in [START, END)")
@@ -625,7 +627,7 @@ def simulate(trace_path, spec, load, window, policy_names, config_path, seed, us
         except (tomllib.TOMLDecodeError, ValueError) as e:
             raise click.BadParameter(f"{config_path}: {e}", param_hint="--config") from e
         sched = doc.get("scheduler", {})
-        overrides = {k: getattr(base, v) for k, v in _CONFIG_FIELDS.items() if k in sched}
+        overrides = {v: getattr(base, v) for k, v in _CONFIG_FIELDS.items() if k in sched}
         if "teams" in doc:
             overrides["teams"] = base.teams
     try:
@@ -648,6 +650,7 @@ def simulate(trace_path, spec, load, window, policy_names, config_path, seed, us
         r = simulate_policy(trace, cluster, policy, seed, users_per_vc, estimate_factor, progress)
         r["offered_load"] = offered_load(trace, span, r["gpus"])
         r["skipped_rows"] = dict(sorted(tr.skipped.items()))
+        r["adjusted_rows"] = dict(sorted(tr.adjusted.items()))
         if not quiet:
             print(f"[{name}] done: {r['jobs']:,} jobs in {r['wall_s']:.1f} s", file=sys.stderr)
         results.append(r)
@@ -670,6 +673,9 @@ def simulate(trace_path, spec, load, window, policy_names, config_path, seed, us
     if r0["skipped_rows"]:
         why = ", ".join(f"{reason} ({n:,})" for reason, n in r0["skipped_rows"].items())
         click.echo(f"rows not read as jobs: {why}")
+    if r0["adjusted_rows"]:
+        how = ", ".join(f"{what} ({n:,})" for what, n in r0["adjusted_rows"].items())
+        click.echo(f"rows read with a change: {how}")
     if r0["skipped_oversize"]:
         click.echo(f"not run: {r0['skipped_oversize']:,} jobs larger than their queue's nodes")
     if r0["skipped_no_queue"]:
@@ -684,4 +690,7 @@ _CONFIG_FIELDS = {
     "default_time": "default_time_limit_s", "fairshare_half_life": "fairshare_half_life_s",
     "priority_weights": "weights", "las_thresholds_gpu_hours": "las_thresholds_gpu_s",
     "order": "order", "topology_keys": "topology_keys", "queue_depth": "queue_depth",
+    "backfill_on_prediction": "backfill_on_prediction",
+    "max_preemptions_per_job": "max_preemptions_per_job",
+    "las_preempt_once_per_level": "las_preempt_once_per_level",
 }

@@ -1,4 +1,5 @@
-"""Job traces: read Philly, Helios-family and generic CSVs into jobs; count the rows not usable."""
+"""Job traces: read Philly, Helios-family, Alibaba GPU (2023) and generic CSVs into jobs; count
+the rows not usable."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 PHILLY_COLUMNS = {"timestamp", "duration", "num_gpus", "cluster"}
 # SenseTime's Helios cluster_log.csv (SC'21) and InternLM's AcmeTrace (Seren/Kalos) share these
 HELIOS_COLUMNS = {"job_id", "vc", "gpu_num", "submit_time", "duration"}
+# Alibaba's cluster-trace-gpu-v2023 pod lists (Weng et al., ATC'23: openb_pod_list_*.csv)
+ALIBABA_COLUMNS = {"name", "num_gpu", "creation_time", "scheduled_time", "deletion_time"}
 GENERIC_COLUMNS = {"submit_time", "duration", "gpus"}
 TIME_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d")
 
@@ -41,6 +44,7 @@ class Trace:
     start: float  # absolute time of the first submission (or of the window's start)
     end: float  # absolute time of the last submission (or of the window's end)
     skipped: Counter = field(default_factory=Counter)  # reason -> rows
+    adjusted: Counter = field(default_factory=Counter)  # rows read with a change -> rows
 
     @property
     def span_s(self) -> float:
@@ -117,6 +121,20 @@ def _helios(i: int, row: dict) -> TraceJob:
                     row.get("job_name") or row.get("jobname") or "")
 
 
+def _alibaba(i: int, row: dict) -> TraceJob:
+    """A pod of Alibaba's GPU cluster: it ran from scheduled_time to deletion_time (seconds
+    from the trace's start); the queue is its QoS class (LS, BE, Burstable, Guaranteed).
+    A pod never scheduled (pod_phase Pending, no scheduled_time) did not run."""
+    if not (row.get("scheduled_time") or "").strip() or row.get("pod_phase", "") == "Pending":
+        raise _Skip("never scheduled")
+    created = _num(row, "creation_time")
+    started = _num(row, "scheduled_time")
+    if started < created:
+        raise _Skip("scheduled before created")
+    return TraceJob(i, created, _num(row, "deletion_time") - started, _num(row, "num_gpu", int),
+                    (row.get("qos") or "").strip(), "", "", None, "")
+
+
 def _generic(i: int, row: dict) -> TraceJob:
     nodes = _num(row, "nodes", int) if (row.get("nodes") or "").strip() else None
     return TraceJob(i, _num(row, "submit_time"), _num(row, "duration"), _num(row, "gpus", int),
@@ -125,7 +143,7 @@ def _generic(i: int, row: dict) -> TraceJob:
 
 
 FORMATS = (("philly", PHILLY_COLUMNS, _philly), ("helios", HELIOS_COLUMNS, _helios),
-           ("generic", GENERIC_COLUMNS, _generic))
+           ("alibaba", ALIBABA_COLUMNS, _alibaba), ("generic", GENERIC_COLUMNS, _generic))
 
 
 def read_trace(path: str | Path, window: tuple[float, float] | None = None) -> Trace:
@@ -144,11 +162,16 @@ def read_trace(path: str | Path, window: tuple[float, float] | None = None) -> T
         if parse is None:
             raise TraceError(
                 f"{path}, line 1: unknown trace columns {sorted(cols)}; expected Philly's "
-                f"{sorted(PHILLY_COLUMNS)}, Helios' {sorted(HELIOS_COLUMNS)} or "
-                f"{sorted(GENERIC_COLUMNS)} (+ nodes, queue, user, team, name)")
+                f"{sorted(PHILLY_COLUMNS)}, Helios' {sorted(HELIOS_COLUMNS)}, Alibaba's "
+                f"{sorted(ALIBABA_COLUMNS)} or {sorted(GENERIC_COLUMNS)} "
+                "(+ nodes, queue, user, team, name)")
         jobs: list[TraceJob] = []
         skipped: Counter = Counter()
+        adjusted: Counter = Counter()
         state_col = "state" if fmt == "helios" and "state" in cols else None
+        ends: dict[int, float] = {}  # alibaba: pod -> deletion time, while it was Running
+        shared: set[int] = set()  # alibaba: pods that asked for a fraction of a GPU
+        trace_end = 0.0
         while True:
             try:
                 fields = next(reader)
@@ -162,6 +185,11 @@ def read_trace(path: str | Path, window: tuple[float, float] | None = None) -> T
                 raise TraceError(f"{path}, line {reader.line_num}: {len(fields)} fields, the "
                                  f"header has {len(cols)}; is the file cut or mixed?")
             row = dict(zip(cols, fields, strict=True))
+            if fmt == "alibaba":  # the trace ends at its last deletion, of any pod
+                try:
+                    trace_end = max(trace_end, float(row["deletion_time"]))
+                except ValueError:
+                    pass
             try:
                 job = parse(reader.line_num, row)
                 if job.duration < 0:
@@ -178,7 +206,21 @@ def read_trace(path: str | Path, window: tuple[float, float] | None = None) -> T
             if window is not None and not window[0] <= job.submit < window[1]:
                 skipped["outside the window"] += 1
                 continue
+            if fmt == "alibaba":
+                if row.get("pod_phase", "") == "Running":
+                    ends[job.id] = float(row["deletion_time"])
+                milli = (row.get("gpu_milli") or "").strip()
+                if job.gpus == 1 and milli and milli != "1000":
+                    shared.add(job.id)
             jobs.append(job)
+    # the trace's end cuts pods still Running then: their run time is not known
+    cut = {i for i, t in ends.items() if t >= trace_end}
+    if cut:
+        jobs = [j for j in jobs if j.id not in cut]
+        skipped["still running at the trace's end"] += len(cut)
+    if shared - cut:
+        # trainyard allocates whole GPUs: a pod that asked for part of one gets all of it
+        adjusted["GPU-sharing pod given a whole GPU"] = len(shared - cut)
     jobs.sort(key=lambda j: (j.submit, j.id))
     if window is not None:
         t0, t1 = window
@@ -187,7 +229,7 @@ def read_trace(path: str | Path, window: tuple[float, float] | None = None) -> T
         t1 = jobs[-1].submit if jobs else 0.0
     for j in jobs:
         j.submit -= t0
-    return Trace(jobs, fmt, t0, t1, skipped)
+    return Trace(jobs, fmt, t0, t1, skipped, adjusted)
 
 
 def load_trace(path: str | Path) -> list[TraceJob]:

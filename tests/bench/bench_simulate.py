@@ -42,7 +42,7 @@ DATA = ROOT.parent / "shared" / "data" / "traces" / "philly"
 BUDGET_S = 60.0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=str(DATA / "philly.csv"))
     ap.add_argument("--cluster", default="pooled")
@@ -55,7 +55,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot")
     ap.add_argument("--json-out")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if not Path(args.trace).exists():
         print(f"no trace at {args.trace}; pass --trace", file=sys.stderr)
         return 2

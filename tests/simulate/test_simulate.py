@@ -77,6 +77,31 @@ def test_las_lets_a_short_job_overtake_a_long_one_by_preemption(tmp_path):
     assert las["jobs"] == 2  # the preempted job came back and finished
 
 
+@pytest.mark.parametrize("toml", [
+    # keys whose trainyard.toml name differs from the planner's field, as an operator writes them
+    "[scheduler]\nlas_thresholds_gpu_hours = [200, 400]\n",
+    "[scheduler]\nlas_preempt_once_per_level = true\nlas_thresholds_gpu_hours = [1000]\n",
+])
+def test_a_config_file_changes_the_replayed_policy(tmp_path, toml):
+    # a short job arrives while a long one runs: LAS preempts it by default (it has passed the
+    # first threshold, 1 GPU-hour; it has 111), not when the thresholds are past what it has
+    trace = write(tmp_path, "t.csv", "submit_time,duration,gpus\n0,100000,8\n50000,600,8\n")
+    plain = sim_json("--trace", trace, "--cluster", "1x8", "--policy", "las")
+    tuned = sim_json("--trace", trace, "--cluster", "1x8", "--policy", "las",
+                     "--config", write(tmp_path, "trainyard.toml", toml))
+    assert plain["preemptions"] == 1
+    assert tuned["preemptions"] == 0 and tuned["jobs"] == 2
+
+
+def test_a_config_file_with_a_grace_period_sets_the_checkpoint_time(tmp_path):
+    trace = write(tmp_path, "t.csv", "submit_time,duration,gpus\n0,100000,8\n50000,600,8\n")
+    runs = {g: sim_json("--trace", trace, "--cluster", "1x8", "--policy", "las", "--config",
+                        write(tmp_path, f"g{g}.toml", f"[scheduler]\ngrace_period = {g}\n"))
+            for g in (10, 500)}
+    # the preempted job's grace period is lost time: 490 s more of it, on one of two jobs
+    assert runs[500]["makespan_s"] - runs[10]["makespan_s"] == 490.0
+
+
 def test_jobs_larger_than_their_vc_are_counted_not_silently_dropped(tmp_path):
     trace = write(tmp_path, "p.csv", "timestamp,duration,num_gpus,gpu_time,cluster\n"
                   "2017-10-01 00:00:00,60.0,16,960.0,aaa\n"

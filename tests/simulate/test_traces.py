@@ -69,3 +69,51 @@ def test_a_demo_slice_compresses_the_busiest_stretch_into_the_demo():
     assert len(jobs) == 10 and jobs[0].at_s == 0.0 and jobs[-1].at_s == pytest.approx(0.9)
     assert all(j.gpus == 8 and 1.0 <= j.runtime_s <= 60 for j in jobs)
     assert jobs == demo_jobs(trace, seconds=60, speedup=600, seed=1)
+
+
+# Alibaba's cluster-trace-gpu-v2023 pod list, as its files are laid out (seconds from the start)
+ALIBABA = """name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time
+openb-pod-0000,12000,16384,1,1000,,LS,Running,0,9000,0
+openb-pod-0001,6000,12288,1,460,,BE,Failed,100,700,160
+openb-pod-0002,88000,327680,8,1000,,Burstable,Succeeded,50,4050,60
+openb-pod-0003,4000,8192,0,0,,BE,Succeeded,70,900,70
+openb-pod-0004,4000,8192,2,1000,V100M16|V100M32,LS,Pending,80,5000,
+openb-pod-0005,4000,8192,1,1000,,LS,Running,90,9000,95
+openb-pod-0006,4000,8192,1,1000,,BE,Failed,200,150,210
+openb-pod-0007,4000,8192,1,1000,,BE,Succeeded,300,250,280
+openb-pod-0008,4000,8192,4,1000,,LS,Running,400,8999,400
+"""
+
+
+def test_alibaba_pods_run_from_scheduling_to_deletion_queued_by_qos(tmp_path):
+    t = read_trace(write(tmp_path, ALIBABA))
+    assert t.format == "alibaba"
+    # submitted when created; ran from scheduled to deleted; a fractional GPU is a whole one
+    assert [(j.submit, j.duration, j.gpus, j.vc) for j in t.jobs] == [
+        (0.0, 3990.0, 8, "Burstable"), (50.0, 540.0, 1, "BE"), (350.0, 8599.0, 4, "LS")]
+    assert t.adjusted == {"GPU-sharing pod given a whole GPU": 1}
+
+
+def test_alibaba_rows_that_never_ran_or_ran_past_the_trace_are_counted(tmp_path):
+    t = read_trace(write(tmp_path, ALIBABA))
+    # pods 0 and 5 were still Running at the last deletion (9000 s): their run time is unknown
+    assert dict(t.skipped) == {"no GPUs": 1, "never scheduled": 1, "negative duration": 1,
+                               "scheduled before created": 1,
+                               "still running at the trace's end": 2}
+
+
+def test_simulate_reads_an_alibaba_trace_and_reports_what_it_changed(tmp_path):
+    from click.testing import CliRunner
+
+    from scheduler.simulate import simulate
+
+    path = write(tmp_path, ALIBABA)
+    r = CliRunner().invoke(simulate, ["--trace", str(path), "--cluster", "1x8", "--policy",
+                                      "fifo,oracle", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "never scheduled (1)" in r.output
+    assert "rows read with a change: GPU-sharing pod given a whole GPU (1)" in r.output
+    r = CliRunner().invoke(simulate, ["--trace", str(path), "--cluster", "1x8", "--json",
+                                      "--quiet"])
+    out = __import__("json").loads(r.output)
+    assert out["jobs"] == 3 and out["adjusted_rows"] == {"GPU-sharing pod given a whole GPU": 1}

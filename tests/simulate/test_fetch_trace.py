@@ -1,0 +1,43 @@
+"""scripts/fetch_trace.sh alibaba: downloads into DEST, says when it cannot, leaves no half file.
+
+A stand-in `curl` first in PATH plays the network (this machine reaches no github.com)."""
+
+import os
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fetch_trace.sh"
+
+
+def run(tmp_path, curl_body, dest):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    curl = bin_dir / "curl"
+    curl.write_text("#!/bin/sh\n" + curl_body)
+    curl.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return subprocess.run(["bash", str(SCRIPT), "alibaba", str(dest)], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_without_network_it_fails_naming_the_url_and_leaves_nothing_half_written(tmp_path):
+    dest = tmp_path / "trace"
+    r = run(tmp_path, 'echo "curl: (6) Could not resolve host" >&2; exit 6\n', dest)
+    assert r.returncode == 1
+    assert "cannot download https://raw.githubusercontent.com/alibaba/clusterdata" in r.stderr
+    assert "openb_pod_list_default.csv" in r.stderr
+    assert list(dest.iterdir()) == []
+
+
+def test_a_download_lands_in_dest_and_a_changed_file_is_flagged(tmp_path):
+    dest = tmp_path / "trace"
+    # writes a small pod list wherever -o points
+    body = ('while [ "$#" -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
+            'printf "name,num_gpu,creation_time,scheduled_time,deletion_time\\n'
+            'p1,1,0,0,10\\n" > "$out"\n')
+    r = run(tmp_path, body, dest)
+    assert r.returncode == 0, r.stderr
+    assert (dest / "openb_pod_list_default.csv").read_text().startswith("name,num_gpu")
+    assert "differs from the file docs/simulation.md measured" in r.stderr
+    assert f"--trace {dest}/openb_pod_list_default.csv" in r.stdout
+    assert not list(dest.glob("*.part"))
