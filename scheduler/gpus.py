@@ -23,6 +23,12 @@ XID_EVENT = 0x8      # nvmlEventTypeXidCriticalError
 FAULT_KINDS = ("xid", "ecc_dbe", "temp", "off_bus", "remap_pending", "clear")
 
 
+# DCGM's profiling fields (dcgm-exporter's defaults) and the GPM metric that measures each
+GPM_METRICS = (("prof_gr_engine_active", "NVML_GPM_METRIC_GRAPHICS_UTIL"),
+               ("prof_pipe_tensor_active", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+               ("prof_dram_active", "NVML_GPM_METRIC_DRAM_BW_UTIL"))
+
+
 class GpuLost(Exception):
     """NVML said NVML_ERROR_GPU_IS_LOST for this GPU."""
 
@@ -33,6 +39,17 @@ def _nvml_code(e: BaseException):
 
 def _text(v):
     return v.decode() if isinstance(v, bytes) else v
+
+
+def _field_value(n, h, field_id):
+    """One NVML field value (nvmlDeviceGetFieldValues) as a number; None where the driver
+    answered that it has none."""
+    fv = n.nvmlDeviceGetFieldValues(h, [field_id])[0]
+    if fv.nvmlReturn != 0:
+        return None
+    member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+              6: "usVal"}.get(fv.valueType)
+    return getattr(fv.value, member) if member else None
 
 
 def blank(i: int, name) -> dict:
@@ -82,6 +99,8 @@ class Gpus:
         self.names: list = []
         self.event_sets: dict[int, object] = {}   # GPU index -> its NVML event set (XIDs)
         self.last_xid: dict[int, int] = {}
+        self.gpm_samples: dict[int, list] = {}    # GPU index -> [previous, spare] GPM samples
+        self.gpm_unsupported: set[int] = set()
         why = self._init_nvml(nvml)
         if self.source == "nvml":
             return
@@ -161,6 +180,43 @@ class Gpus:
                 codes.append(int(data.eventData))
         return codes
 
+    def _gpm(self, i: int, h) -> dict:
+        """DCGM's profiling ratios from NVML's GPU performance monitoring (Hopper and later):
+        each read takes a sample and measures over the time since the last one, so the first
+        read of a GPU gives none. {} where the GPU or the driver has no GPM."""
+        n = self.nvml
+        if i in self.gpm_unsupported:
+            return {}
+        try:
+            samples = self.gpm_samples.get(i)
+            if samples is None:
+                if not n.nvmlGpmQueryDeviceSupport(h).isSupportedDevice:
+                    self.gpm_unsupported.add(i)
+                    return {}
+                samples = self.gpm_samples[i] = [None, n.nvmlGpmSampleAlloc()]
+            prev, cur = samples
+            n.nvmlGpmSampleGet(h, cur)
+            samples[:] = [cur, prev if prev is not None else n.nvmlGpmSampleAlloc()]
+            if prev is None:
+                return {}
+            get = n.c_nvmlGpmMetricsGet_t()
+            get.version = n.NVML_GPM_METRICS_GET_VERSION
+            get.sample1, get.sample2 = prev, cur
+            get.numMetrics = len(GPM_METRICS)
+            for k, (_key, metric) in enumerate(GPM_METRICS):
+                get.metrics[k].metricId = getattr(n, metric)
+            n.nvmlGpmMetricsGet(get)
+            # GPM gives percentages; DCGM's PROF_* fields are ratios of 1
+            return {key: round(get.metrics[k].value / 100.0, 4)
+                    for k, (key, _metric) in enumerate(GPM_METRICS)
+                    if get.metrics[k].nvmlReturn == 0}
+        except Exception as e:
+            if _nvml_code(e) == NVML_LOST:
+                raise GpuLost() from e
+            if self.gpm_samples.get(i) is None:  # the support query or first sample failed
+                self.gpm_unsupported.add(i)
+            return {}
+
     def _handle(self, i: int):
         h = self.handles[i] if i < len(self.handles) else None
         if h is None:  # not found at start, or lost: ask again (a reset GPU may be back)
@@ -215,6 +271,19 @@ class Gpus:
             guard("power_w", lambda: round(n.nvmlDeviceGetPowerUsage(h) / 1000, 1))
             guard("power_limit_w", lambda: round(n.nvmlDeviceGetEnforcedPowerLimit(h) / 1000, 1))
             guard("sm_clock_mhz", lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
+            # the rest of dcgm-exporter's default counters (docs/metrics.md)
+            guard("mem_clock_mhz", lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM))
+            guard("mem_temp_c", lambda: _field_value(n, h, n.NVML_FI_DEV_MEMORY_TEMP))
+            guard("energy_mj", lambda: int(n.nvmlDeviceGetTotalEnergyConsumption(h)))
+            guard("pcie_replay", lambda: int(n.nvmlDeviceGetPcieReplayCounter(h)))
+            guard("util_enc", lambda: n.nvmlDeviceGetEncoderUtilization(h)[0])
+            guard("util_dec", lambda: n.nvmlDeviceGetDecoderUtilization(h)[0])
+            guard("mem_reserved_mb", lambda: n.nvmlDeviceGetMemoryInfo(
+                h, version=n.nvmlMemory_v2).reserved // 2**20)
+            guard("power_mgmt_limit_w",
+                  lambda: round(n.nvmlDeviceGetPowerManagementLimit(h) / 1000, 1))
+            for key, value in self._gpm(i, h).items():
+                g[key] = value
             for key, kind, counter in (
                 ("ecc_sbe_volatile", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"),
                 ("ecc_dbe_volatile", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
@@ -243,6 +312,10 @@ class Gpus:
             if es is not None:
                 with contextlib.suppress(Exception):
                     n.nvmlEventSetFree(es)
+            for sample in self.gpm_samples.pop(i, None) or ():
+                if sample is not None:
+                    with contextlib.suppress(Exception):
+                        n.nvmlGpmSampleFree(sample)
             return g
         if g["job_id"] is None and g["processes"]:
             g["job_id"] = next((p["job_id"] for p in g["processes"] if p["job_id"] is not None), None)

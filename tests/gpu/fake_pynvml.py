@@ -36,6 +36,13 @@ NVML_ERROR_UNKNOWN = 999
 
 NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_FI_DEV_MEMORY_TEMP = 82
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_GPM_METRIC_GRAPHICS_UTIL = 1
+NVML_GPM_METRIC_DRAM_BW_UTIL = 10
+NVML_GPM_METRIC_ANY_TENSOR_UTIL = 20
+NVML_GPM_METRICS_GET_VERSION = 1
 NVML_SINGLE_BIT_ECC = 0
 NVML_DOUBLE_BIT_ECC = 1
 NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
@@ -114,6 +121,53 @@ class Memory:
 
 
 @dataclass
+class MemoryV2(Memory):
+    reserved: int = 0
+
+
+nvmlMemory_v2 = 0x02000028  # the version pynvml passes for nvmlDeviceGetMemoryInfo_v2
+
+
+@dataclass
+class FieldValueNumber:
+    uiVal: int  # noqa: N815
+
+
+@dataclass
+class FieldValue:
+    fieldId: int  # noqa: N815
+    nvmlReturn: int  # noqa: N815
+    valueType: int  # noqa: N815
+    value: FieldValueNumber
+
+
+@dataclass
+class GpmSupport:
+    isSupportedDevice: int  # noqa: N815
+
+
+@dataclass
+class GpmSample:
+    """What a GPU's counters held when sampled: its busy fractions (percent) so far."""
+    taken: dict | None = None
+
+
+@dataclass
+class GpmMetric:
+    metricId: int = 0  # noqa: N815
+    nvmlReturn: int = 0  # noqa: N815
+    value: float = 0.0
+
+
+class c_nvmlGpmMetricsGet_t:  # noqa: N801 (pynvml's name)
+    def __init__(self):
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1 = self.sample2 = None
+        self.metrics = [GpmMetric() for _ in range(16)]
+
+
+@dataclass
 class PciInfo:
     busId: bytes  # noqa: N815 (pynvml's name)
 
@@ -146,7 +200,10 @@ OPTIONAL = ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetTemperature", "nvmlDe
             "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetClockInfo", "nvmlDeviceGetTotalEccErrors",
             "nvmlDeviceGetRemappedRows", "nvmlDeviceGetMigMode", "nvmlDeviceGetComputeRunningProcesses",
             "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetSupportedEventTypes",
-            "nvmlDeviceGetPciInfo")
+            "nvmlDeviceGetPciInfo", "nvmlDeviceGetFieldValues", "nvmlDeviceGetTotalEnergyConsumption",
+            "nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetEncoderUtilization",
+            "nvmlDeviceGetDecoderUtilization", "nvmlDeviceGetMemoryInfo_v2",
+            "nvmlDeviceGetPowerManagementLimit", "nvmlGpmQueryDeviceSupport")
 SCENARIOS = ("healthy", "hot", "xid79", "ecc_dbe", "remap_failure", "not_supported", "gpu_lost",
              "mig", "library_missing")
 
@@ -160,6 +217,8 @@ class FakeNvml(types.ModuleType):
             raise ValueError(f"unknown scenario {scenario_name!r}; one of {SCENARIOS}")
         self.__dict__.update(ERRORS)
         self.__dict__.update(CONSTANTS)
+        self.nvmlMemory_v2 = nvmlMemory_v2
+        self.c_nvmlGpmMetricsGet_t = c_nvmlGpmMetricsGet_t
         self.scenario = scenario_name
         self.initialized = False
         self.init_error: int | None = None
@@ -174,6 +233,12 @@ class FakeNvml(types.ModuleType):
             "power_mw": 123456, "limit_mw": 700000, "sm_clock": 1980,
             "ecc": {(0, 0): 5, (1, 0): 0, (0, 1): 17, (1, 1): 0},  # (type, counter) -> count
             "rows": (0, 0, 0, 0), "mig": 0, "mig_instances": [],
+            "mem_clock": 2619, "mem_temp": 48, "energy_mj": 10**9 + i, "pcie_replay": i,
+            "enc": 0, "dec": 3, "reserved": 512 * MIB, "mgmt_limit_mw": 650000,
+            # GPM: percent busy over the time between two samples, as the driver measures it
+            "gpm": True, "gpm_pct": {NVML_GPM_METRIC_GRAPHICS_UTIL: 61.5,
+                                     NVML_GPM_METRIC_ANY_TENSOR_UTIL: 42.0,
+                                     NVML_GPM_METRIC_DRAM_BW_UTIL: 30.25},
         } for i in range(gpus)]
         if scenario_name == "hot":
             self.gpus[1]["temp"] = 96
@@ -249,12 +314,64 @@ class FakeNvml(types.ModuleType):
         g = self._dev("nvmlDeviceGetUtilizationRates", h)
         return Utilization(g["util"], g["mem_util"])
 
-    def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):  # noqa: N802
         g = self._dev("nvmlDeviceGetMemoryInfo", h)
         if h.mig is not None:
             _, total, used = g["mig_instances"][h.mig]
             return Memory(total, total - used, used)
+        if version is not None:
+            self._dev("nvmlDeviceGetMemoryInfo_v2", h)
+            free = g["total"] - g["used"] - g["reserved"]
+            return MemoryV2(g["total"], free, g["used"], g["reserved"])
         return Memory(g["total"], g["total"] - g["used"], g["used"])
+
+    def nvmlDeviceGetFieldValues(self, h, field_ids):  # noqa: N802
+        g = self._dev("nvmlDeviceGetFieldValues", h)
+        known = {NVML_FI_DEV_MEMORY_TEMP: g["mem_temp"]}
+        return [FieldValue(f, NVML_SUCCESS if f in known else NVML_ERROR_NOT_SUPPORTED,
+                           NVML_VALUE_TYPE_UNSIGNED_INT, FieldValueNumber(known.get(f, 0)))
+                for f in field_ids]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):  # noqa: N802
+        return self._dev("nvmlDeviceGetTotalEnergyConsumption", h)["energy_mj"]
+
+    def nvmlDeviceGetPcieReplayCounter(self, h):  # noqa: N802
+        return self._dev("nvmlDeviceGetPcieReplayCounter", h)["pcie_replay"]
+
+    def nvmlDeviceGetEncoderUtilization(self, h):  # noqa: N802
+        return [self._dev("nvmlDeviceGetEncoderUtilization", h)["enc"], 167000]
+
+    def nvmlDeviceGetDecoderUtilization(self, h):  # noqa: N802
+        return [self._dev("nvmlDeviceGetDecoderUtilization", h)["dec"], 167000]
+
+    def nvmlDeviceGetPowerManagementLimit(self, h):  # noqa: N802
+        return self._dev("nvmlDeviceGetPowerManagementLimit", h)["mgmt_limit_mw"]
+
+    # --- GPU performance monitoring (Hopper and later)
+    def nvmlGpmQueryDeviceSupport(self, h):  # noqa: N802
+        return GpmSupport(int(self._dev("nvmlGpmQueryDeviceSupport", h)["gpm"]))
+
+    def nvmlGpmSampleAlloc(self):  # noqa: N802
+        self.calls.append("nvmlGpmSampleAlloc")
+        return GpmSample()
+
+    def nvmlGpmSampleFree(self, sample):  # noqa: N802
+        self.calls.append("nvmlGpmSampleFree")
+
+    def nvmlGpmSampleGet(self, h, sample):  # noqa: N802
+        g = self._dev("nvmlGpmSampleGet", h)
+        sample.taken = dict(g["gpm_pct"])
+
+    def nvmlGpmMetricsGet(self, get):  # noqa: N802
+        self.calls.append("nvmlGpmMetricsGet")
+        if get.sample1 is None or get.sample2 is None or get.sample1.taken is None \
+                or get.sample2.taken is None or get.sample1 is get.sample2:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        for m in get.metrics[:get.numMetrics]:
+            m.value = get.sample2.taken.get(m.metricId, 0.0)
+            m.nvmlReturn = NVML_SUCCESS if m.metricId in get.sample2.taken \
+                else NVML_ERROR_NOT_SUPPORTED
+        return get
 
     def nvmlDeviceGetTemperature(self, h, sensor):  # noqa: N802
         return self._dev("nvmlDeviceGetTemperature", h)["temp"]
@@ -266,7 +383,8 @@ class FakeNvml(types.ModuleType):
         return self._dev("nvmlDeviceGetEnforcedPowerLimit", h)["limit_mw"]
 
     def nvmlDeviceGetClockInfo(self, h, clock):  # noqa: N802
-        return self._dev("nvmlDeviceGetClockInfo", h)["sm_clock"]
+        g = self._dev("nvmlDeviceGetClockInfo", h)
+        return g["mem_clock"] if clock == NVML_CLOCK_MEM else g["sm_clock"]
 
     def nvmlDeviceGetTotalEccErrors(self, h, error_type, counter_type):  # noqa: N802
         return self._dev("nvmlDeviceGetTotalEccErrors", h)["ecc"][(error_type, counter_type)]

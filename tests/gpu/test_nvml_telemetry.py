@@ -42,6 +42,41 @@ def test_healthy_gpus_report_every_field(monkeypatch):
     assert g["job_id"] == 42 and tel[0]["job_id"] is None
 
 
+def test_the_rest_of_dcgm_exporters_default_counters_come_from_nvml(monkeypatch):
+    gpus, _ = gpus_with(monkeypatch, "healthy")
+    g = gpus.telemetry({})[2]
+    assert (g["mem_clock_mhz"], g["mem_temp_c"], g["energy_mj"], g["pcie_replay"]) == (
+        2619, 48, 10**9 + 2, 2)
+    assert (g["util_enc"], g["util_dec"]) == (0, 3)
+    assert (g["mem_reserved_mb"], g["power_mgmt_limit_w"]) == (512, 650.0)
+
+
+def test_profiling_ratios_are_measured_between_two_reads_of_gpm(monkeypatch):
+    gpus, nvml = gpus_with(monkeypatch, "healthy")
+    first = gpus.telemetry({})[0]
+    # GPM measures over the time between two samples: the first read has nothing to compare
+    assert (first["prof_gr_engine_active"], first["prof_pipe_tensor_active"],
+            first["prof_dram_active"]) == (None, None, None)
+    nvml.gpus[0]["gpm_pct"][nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL] = 87.5
+    second = gpus.telemetry({})[0]
+    # DCGM's PROF_* fields are ratios of 1; GPM answers in percent
+    assert (second["prof_gr_engine_active"], second["prof_pipe_tensor_active"],
+            second["prof_dram_active"]) == (0.615, 0.875, 0.3025)
+    gpus.telemetry({})
+    assert nvml.calls.count("nvmlGpmSampleAlloc") == 4 * 2  # two samples per GPU, reused
+
+
+def test_a_gpu_without_gpm_reports_no_profiling_ratios_and_is_not_asked_again(monkeypatch):
+    gpus, nvml = gpus_with(monkeypatch, "healthy")
+    for g in nvml.gpus:
+        g["gpm"] = False
+    for _ in range(3):
+        tel = gpus.telemetry({})
+    assert all(g["prof_gr_engine_active"] is None and g["mem_clock_mhz"] == 2619 for g in tel)
+    assert nvml.calls.count("nvmlGpmQueryDeviceSupport") == 4
+    assert "nvmlGpmSampleGet" not in nvml.calls
+
+
 def test_a_hot_gpu_reports_its_temperature(monkeypatch):
     gpus, _ = gpus_with(monkeypatch, "hot")
     assert [g["temp_c"] for g in gpus.telemetry({})] == [41, 96, 41, 41]
@@ -80,7 +115,9 @@ def test_fields_the_driver_does_not_support_are_missing_not_fatal(monkeypatch):
     assert g["name"] == "NVIDIA H100 80GB HBM3" and g["mem_total_mb"] == 81559
     for key in ("util_gpu", "util_mem", "temp_c", "power_w", "power_limit_w", "sm_clock_mhz",
                 "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_dbe", "remap_pending", "remap_failure",
-                "mig_mode", "mig_instances", "processes", "xid_events", "pci_bus_id"):
+                "mig_mode", "mig_instances", "processes", "xid_events", "pci_bus_id",
+                "mem_temp_c", "energy_mj", "pcie_replay", "util_enc", "util_dec",
+                "mem_reserved_mb", "power_mgmt_limit_w", "prof_gr_engine_active"):
         assert g[key] is None, key
     assert g["off_bus"] is False
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -69,6 +70,28 @@ def test_real_gpus_are_read_through_nvml(real_gpus):
         assert g["processes"] is None or isinstance(g["processes"], list)
     missing = sorted({k for g in tel for k, v in g.items() if v is None and k != "job_id"})
     print("fields this driver left missing:", ", ".join(missing) or "none")
+
+
+def test_profiling_ratios_come_from_gpm_on_a_second_read_where_the_gpu_has_it(real_gpus):
+    import pynvml
+
+    real_gpus.telemetry({})
+    time.sleep(1.0)
+    tel = real_gpus.telemetry({})
+    for g in tel:
+        try:
+            gpm = bool(pynvml.nvmlGpmQueryDeviceSupport(
+                pynvml.nvmlDeviceGetHandleByIndex(g["index"])).isSupportedDevice)
+        except pynvml.NVMLError:
+            gpm = False
+        ratios = [g["prof_gr_engine_active"], g["prof_pipe_tensor_active"], g["prof_dram_active"]]
+        print(f"\nGPU {g['index']}: GPM {'supported' if gpm else 'not supported'}; "
+              f"PROF_GR_ENGINE_ACTIVE, PROF_PIPE_TENSOR_ACTIVE, PROF_DRAM_ACTIVE = {ratios}")
+        if gpm:  # Hopper and later: measured between the two reads, as ratios of 1
+            assert all(r is not None and 0.0 <= r <= 1.0 for r in ratios), ratios
+        else:
+            assert ratios == [None, None, None]
+        assert g["mem_clock_mhz"]  # every NVIDIA GPU reports its memory clock
 
 
 def test_real_telemetry_feeds_the_rules_and_the_metrics(real_gpus):
