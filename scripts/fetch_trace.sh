@@ -77,8 +77,9 @@ fetch_helios() {
   if git lfs version >/dev/null 2>&1; then
     git lfs pull || echo "fetch_trace: git lfs pull failed; trying the repository's own files" >&2
   fi
-  if [ -f data.zip ] && command -v unzip >/dev/null && unzip -tq data.zip >/dev/null 2>&1; then
-    unzip -q data.zip
+  if [ -f data.zip ]; then  # the repository now ships its logs zipped
+    command -v unzip >/dev/null || { echo "fetch_trace: $repo holds data.zip: install unzip" >&2; exit 1; }
+    unzip -tq data.zip >/dev/null 2>&1 && unzip -q data.zip
   fi
   if [ -x ./download.sh ] && [ -z "$(find . -name cluster_log.csv -size +1k | head -1)" ]; then
     ./download.sh

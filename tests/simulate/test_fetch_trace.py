@@ -41,3 +41,27 @@ def test_a_download_lands_in_dest_and_a_changed_file_is_flagged(tmp_path):
     assert "differs from the file docs/simulation.md measured" in r.stderr
     assert f"--trace {dest}/openb_pod_list_default.csv" in r.stdout
     assert not list(dest.glob("*.part"))
+
+
+def test_helios_logs_shipped_in_a_zip_are_unpacked_into_one_folder_per_cluster(tmp_path):
+    import zipfile
+
+    # what HeliosData's repository holds now: its logs in data.zip; a stand-in `git` clones it
+    archive = tmp_path / "data.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("data/Venus/cluster_log.csv",
+                   "job_id,user,vc,gpu_num,submit_time,duration\nj1,u1,vc1,1,2020-09-01 00:00:00,60\n")
+        z.writestr("data/Venus/cluster_gpu_number.csv", "vc,gpu\nvc1,8\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    git = bin_dir / "git"
+    git.write_text('#!/bin/sh\n[ "$1" = clone ] || exit 1\n'
+                   f'for last; do :; done; mkdir -p "$last" && cp {archive} "$last/data.zip"\n')
+    git.chmod(0o755)
+    dest = tmp_path / "helios"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    r = subprocess.run(["bash", str(SCRIPT), "helios", str(dest)], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (dest / "Venus" / "cluster_log.csv").read_text().startswith("job_id,user,vc,gpu_num")
+    assert "fetched 1 cluster log(s)" in r.stdout
