@@ -548,6 +548,8 @@ makespan; with `oracle` among the policies, each policy's mean JCT as a ratio to
 \b
 --trace FILE   Philly's CSV (timestamp,duration,num_gpus,gpu_time,cluster), a Helios-style
                cluster_log.csv (job_id,user,vc,gpu_num,node_num,submit_time,duration,...),
+               Alibaba's GPU pod list (openb_pod_list_*.csv: name,num_gpu,creation_time,
+               scheduled_time,deletion_time,...; scripts/fetch_trace.sh alibaba fetches it),
                or a generic CSV with submit_time,duration,gpus and optional
                nodes,queue,user,team,name. Rows that cannot be jobs are counted by reason.
 --window S E   replay only jobs submitted in [S, E) (dates or seconds; a bare end date
