@@ -213,8 +213,15 @@ class Gpus:
         except Exception as e:
             if _nvml_code(e) == NVML_LOST:
                 raise GpuLost() from e
-            if self.gpm_samples.get(i) is None:  # the support query or first sample failed
+            samples = self.gpm_samples.get(i)
+            if samples is None or samples[0] is None:
+                # the support query or the first sample failed (a GPU in MIG mode answers
+                # only per instance): not asked again
                 self.gpm_unsupported.add(i)
+                for sample in self.gpm_samples.pop(i, None) or ():
+                    if sample is not None:
+                        with contextlib.suppress(Exception):
+                            n.nvmlGpmSampleFree(sample)
             return {}
 
     def _handle(self, i: int):

@@ -77,6 +77,16 @@ def test_a_gpu_without_gpm_reports_no_profiling_ratios_and_is_not_asked_again(mo
     assert "nvmlGpmSampleGet" not in nvml.calls
 
 
+def test_a_gpu_whose_gpm_sampling_fails_is_not_sampled_again(monkeypatch):
+    gpus, nvml = gpus_with(monkeypatch, "healthy")
+    nvml.unsupported.add("nvmlGpmSampleGet")  # as on a GPU in MIG mode
+    for _ in range(3):
+        g = gpus.telemetry({})[0]
+    assert g["prof_gr_engine_active"] is None and g["mem_clock_mhz"] == 2619
+    assert nvml.calls.count("nvmlGpmSampleGet") == 4  # once per GPU
+    assert nvml.calls.count("nvmlGpmSampleFree") == nvml.calls.count("nvmlGpmSampleAlloc") == 4
+
+
 def test_a_hot_gpu_reports_its_temperature(monkeypatch):
     gpus, _ = gpus_with(monkeypatch, "hot")
     assert [g["temp_c"] for g in gpus.telemetry({})] == [41, 96, 41, 41]
