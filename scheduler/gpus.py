@@ -41,14 +41,18 @@ def _text(v):
     return v.decode() if isinstance(v, bytes) else v
 
 
+# nvmlValueType_t -> the member of nvmlValue_t that holds such a value
+_FIELD_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+                        6: "usVal"}
+
+
 def _field_value(n, h, field_id):
     """One NVML field value (nvmlDeviceGetFieldValues) as a number; None where the driver
     answered that it has none."""
     fv = n.nvmlDeviceGetFieldValues(h, [field_id])[0]
     if fv.nvmlReturn != 0:
         return None
-    member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
-              6: "usVal"}.get(fv.valueType)
+    member = _FIELD_VALUE_MEMBERS.get(fv.valueType)
     return getattr(fv.value, member) if member else None
 
 
@@ -218,11 +222,14 @@ class Gpus:
                 # the support query or the first sample failed (a GPU in MIG mode answers
                 # only per instance): not asked again
                 self.gpm_unsupported.add(i)
-                for sample in self.gpm_samples.pop(i, None) or ():
-                    if sample is not None:
-                        with contextlib.suppress(Exception):
-                            n.nvmlGpmSampleFree(sample)
+                self._free_gpm(i)
             return {}
+
+    def _free_gpm(self, i: int) -> None:
+        for sample in self.gpm_samples.pop(i, None) or ():
+            if sample is not None:
+                with contextlib.suppress(Exception):
+                    self.nvml.nvmlGpmSampleFree(sample)
 
     def _handle(self, i: int):
         h = self.handles[i] if i < len(self.handles) else None
@@ -319,10 +326,7 @@ class Gpus:
             if es is not None:
                 with contextlib.suppress(Exception):
                     n.nvmlEventSetFree(es)
-            for sample in self.gpm_samples.pop(i, None) or ():
-                if sample is not None:
-                    with contextlib.suppress(Exception):
-                        n.nvmlGpmSampleFree(sample)
+            self._free_gpm(i)
             return g
         if g["job_id"] is None and g["processes"]:
             g["job_id"] = next((p["job_id"] for p in g["processes"] if p["job_id"] is not None), None)

@@ -4,6 +4,7 @@ the rows not usable."""
 from __future__ import annotations
 
 import calendar
+import contextlib
 import csv
 from collections import Counter
 from dataclasses import dataclass, field
@@ -135,6 +136,37 @@ def _alibaba(i: int, row: dict) -> TraceJob:
                     (row.get("qos") or "").strip(), "", "", None, "")
 
 
+class _AlibabaPods:
+    """What a pod list tells only as a whole: where the trace ends (its last deletion, of any
+    pod), so that pods still Running then, whose run time is unknown, are not read as jobs;
+    and which pods asked for part of a GPU (trainyard gives each a whole one)."""
+
+    def __init__(self):
+        self.end = 0.0
+        self.running: dict[int, float] = {}  # job id -> its deletion time, while Running
+        self.shared: set[int] = set()
+
+    def see(self, row: dict) -> None:
+        with contextlib.suppress(ValueError):
+            self.end = max(self.end, float(row["deletion_time"]))
+
+    def keep(self, job: TraceJob, row: dict) -> None:
+        if row.get("pod_phase", "") == "Running":
+            self.running[job.id] = float(row["deletion_time"])
+        milli = (row.get("gpu_milli") or "").strip()
+        if job.gpus == 1 and milli and milli != "1000":
+            self.shared.add(job.id)
+
+    def finish(self, jobs: list, skipped: Counter, adjusted: Counter) -> list:
+        cut = {i for i, t in self.running.items() if t >= self.end}
+        if cut:
+            jobs = [j for j in jobs if j.id not in cut]
+            skipped["still running at the trace's end"] += len(cut)
+        if self.shared - cut:
+            adjusted["GPU-sharing pod given a whole GPU"] = len(self.shared - cut)
+        return jobs
+
+
 def _generic(i: int, row: dict) -> TraceJob:
     nodes = _num(row, "nodes", int) if (row.get("nodes") or "").strip() else None
     return TraceJob(i, _num(row, "submit_time"), _num(row, "duration"), _num(row, "gpus", int),
@@ -169,9 +201,7 @@ def read_trace(path: str | Path, window: tuple[float, float] | None = None) -> T
         skipped: Counter = Counter()
         adjusted: Counter = Counter()
         state_col = "state" if fmt == "helios" and "state" in cols else None
-        ends: dict[int, float] = {}  # alibaba: pod -> deletion time, while it was Running
-        shared: set[int] = set()  # alibaba: pods that asked for a fraction of a GPU
-        trace_end = 0.0
+        pods = _AlibabaPods() if fmt == "alibaba" else None
         while True:
             try:
                 fields = next(reader)
@@ -185,11 +215,8 @@ def read_trace(path: str | Path, window: tuple[float, float] | None = None) -> T
                 raise TraceError(f"{path}, line {reader.line_num}: {len(fields)} fields, the "
                                  f"header has {len(cols)}; is the file cut or mixed?")
             row = dict(zip(cols, fields, strict=True))
-            if fmt == "alibaba":  # the trace ends at its last deletion, of any pod
-                try:
-                    trace_end = max(trace_end, float(row["deletion_time"]))
-                except ValueError:
-                    pass
+            if pods is not None:
+                pods.see(row)
             try:
                 job = parse(reader.line_num, row)
                 if job.duration < 0:
@@ -206,21 +233,11 @@ def read_trace(path: str | Path, window: tuple[float, float] | None = None) -> T
             if window is not None and not window[0] <= job.submit < window[1]:
                 skipped["outside the window"] += 1
                 continue
-            if fmt == "alibaba":
-                if row.get("pod_phase", "") == "Running":
-                    ends[job.id] = float(row["deletion_time"])
-                milli = (row.get("gpu_milli") or "").strip()
-                if job.gpus == 1 and milli and milli != "1000":
-                    shared.add(job.id)
+            if pods is not None:
+                pods.keep(job, row)
             jobs.append(job)
-    # the trace's end cuts pods still Running then: their run time is not known
-    cut = {i for i, t in ends.items() if t >= trace_end}
-    if cut:
-        jobs = [j for j in jobs if j.id not in cut]
-        skipped["still running at the trace's end"] += len(cut)
-    if shared - cut:
-        # trainyard allocates whole GPUs: a pod that asked for part of one gets all of it
-        adjusted["GPU-sharing pod given a whole GPU"] = len(shared - cut)
+    if pods is not None:
+        jobs = pods.finish(jobs, skipped, adjusted)
     jobs.sort(key=lambda j: (j.submit, j.id))
     if window is not None:
         t0, t1 = window
