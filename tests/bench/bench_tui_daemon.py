@@ -111,7 +111,7 @@ def fill(home: Path, nodes: int, jobs: int, port: int) -> None:
         elif state == "COMPLETED":
             row.update(start_time=submit + 60, end_time=submit + 660, exit_code=0)
         job_rows.append(Job(**row).model_dump())
-    with d.tx() as s:
+    with d.store.tx() as s:
         s.execute(insert(Node.__table__), node_rows)
         s.execute(insert(Job.__table__), job_rows)
     print(d.create_token("bench", "admin", "bench"), flush=True)
