@@ -34,7 +34,7 @@ if __package__:
     from . import protocol as P
     from .accounts import DEFAULT_MIN_UID, AccountError, lookup
     from .gpus import GPU_FIELDS, Gpus, job_of_pid
-    from .nodefiles import install_public, own_file, write_atomic
+    from .nodefiles import WAKE_SOCKET, install_public, listen_wake, own_file, write_atomic
     from .outputs import OutputStreams
     from .zygote import Zygote
 else:  # inside the agent's bundle on a node
@@ -46,7 +46,7 @@ else:  # inside the agent's bundle on a node
     import steps
     from accounts import DEFAULT_MIN_UID, AccountError, lookup
     from gpus import GPU_FIELDS, Gpus, job_of_pid
-    from nodefiles import install_public, own_file, write_atomic
+    from nodefiles import WAKE_SOCKET, install_public, listen_wake, own_file, write_atomic
     from outputs import OutputStreams
     from zygote import Zygote
 
@@ -120,6 +120,7 @@ class Agent:
         self.step_runner = steps.StepRunner(self)  # steps that other nodes' srun start here
         self._slurm_bin: str | None = None  # see slurm_shims(); "" once they cannot be installed
         self.zygote = Zygote(self.entry)  # forks each job's supervisor (zygote.py)
+        self.wake_path: str | None = None  # job steps wake the agent here (see claim_dir)
 
     def claim_dir(self) -> None:
         """Take the node-local directory; StateDirError says why it cannot be used."""
@@ -127,6 +128,9 @@ class Agent:
         os.makedirs(self.jobs_dir, exist_ok=True)
         os.chmod(self.jobs_dir, self.dir_mode)
         self.output.load()
+        path = os.path.join(self.root, WAKE_SOCKET)
+        if listen_wake(path, self.woken):
+            self.wake_path = path
         try:
             self.step_server.start()
         except OSError as e:  # batch jobs' srun then starts only this node's tasks
@@ -218,7 +222,7 @@ class Agent:
         spec = {"argv": argv, "env": env, "cwd": msg.workdir or work, "workdir": msg.workdir,
                 "account": account.to_dict() if account else None, "cgroups": cgroups,
                 "stdout": msg.stdout, "stderr": msg.stderr, "gpus": msg.gpus,
-                "umask": 0o077 if account else self.umask}
+                "umask": 0o077 if account else self.umask, "wake": self.wake_path}
         if container:
             spec["container"] = container
         write_atomic(os.path.join(d, "spec.json"), json.dumps(spec))
@@ -461,6 +465,11 @@ class Agent:
         self.send(P.FaultDone(msg.id, True, msg.gpu, msg.kind))
 
     # --- loops
+    def woken(self) -> None:
+        """A job step wrote a job's pid or rc: look at once (a queued message does as well)."""
+        if self.inbox.empty():
+            self.inbox.put("")
+
     def read_stdin(self) -> None:
         for line in sys.stdin:
             line = line.strip()
@@ -509,8 +518,13 @@ class Agent:
             try:
                 starting = any(not i.get("announced", True) for i in self.watching.values())
                 # poll fast while jobs start, often while they run (exits are noticed by their rc
-                # file), and rarely when idle
-                line = self.inbox.get(timeout=0.002 if starting else 0.01 if self.watching else 0.05)
+                # file), and rarely when idle; with the wake-up socket, job steps say when they
+                # wrote a pid or rc and the polls only catch a wake-up that was lost
+                if self.wake_path is None:
+                    timeout = 0.002 if starting else 0.01 if self.watching else 0.05
+                else:
+                    timeout = 0.02 if starting else 0.05
+                line = self.inbox.get(timeout=timeout)
             except queue.Empty:
                 line = ""
             if line is None:

@@ -29,12 +29,12 @@ import time
 if __package__:
     from . import containers, fencing
     from .accounts import Account, become
-    from .nodefiles import write_atomic
+    from .nodefiles import wake, write_atomic
 else:  # inside the agent's bundle on a node
     import containers
     import fencing
     from accounts import Account, become
-    from nodefiles import write_atomic
+    from nodefiles import wake, write_atomic
 
 CHUNK = 65536
 
@@ -97,7 +97,8 @@ def _child(spec: dict, account, out_fd: int, err_fd: int, container=None) -> Non
         except OSError as e:
             os.write(2, f"trainyard: cannot enter {spec['cwd']}: {e.strerror}\n".encode())
             os._exit(1)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # ignored by Python, not by the job
+            signal.signal(sig, signal.SIG_DFL)
         if container is None:
             argv = spec["argv"]
         try:
@@ -110,6 +111,48 @@ def _child(spec: dict, account, out_fd: int, err_fd: int, container=None) -> Non
             os.write(2, f"trainyard: cannot start the job: {e}\n".encode())
         finally:
             os._exit(1)
+
+
+def _spawnable(spec: dict, account, container) -> bool:
+    """Whether the job needs nothing of `_child` that posix_spawn cannot do: no cgroup to join
+    before it runs, no identity to take, no container runtime."""
+    return (container is None and not spec.get("cgroups") and hasattr(os, "posix_spawn")
+            and (account is None or os.geteuid() != 0))
+
+
+def _spawn(spec: dict, out_fd: int, err_fd: int):
+    """Start the job as `_child` would, with posix_spawn (a vfork: no copy of this interpreter,
+    about a millisecond less per start); its pid, or None where it cannot start this way (the
+    caller then forks, and `_child` reports why the job cannot run exactly as before)."""
+    argv, env = spec["argv"], spec["env"]
+    path = _which(argv[0], env)
+    if path is None:
+        return None
+    here = os.getcwd()
+    umask = os.umask(int(spec.get("umask", 0o077)))
+    try:
+        os.chdir(spec["cwd"])  # the job's working directory is the one it is spawned in
+        return os.posix_spawn(
+            path, argv, env, setsid=True, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                          (os.POSIX_SPAWN_DUP2, out_fd, 1), (os.POSIX_SPAWN_DUP2, err_fd, 2)])
+    except (OSError, TypeError, ValueError):
+        return None
+    finally:
+        os.umask(umask)
+        os.chdir(here)
+
+
+def _which(name: str, env: dict):
+    """The program execvpe(name, ..., env) would run: a name with a slash as it is, else the
+    first executable file of that name on the job's PATH."""
+    if os.sep in name:
+        return name
+    for d in os.get_exec_path(env):
+        path = os.path.join(d, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def run(job_dir: str) -> int:
@@ -128,6 +171,7 @@ def run(job_dir: str) -> int:
         if launch:  # the job never ran: the agent reports launch_failed with this reason
             write_atomic("failed", text)
         write_atomic("rc", str(rc))
+        wake(spec.get("wake"))
         return rc
 
     container = None
@@ -155,10 +199,13 @@ def run(job_dir: str) -> int:
         out_w, err_w = pipes["stdout"][1], pipes["stderr"][1]
     else:
         out_w = err_w = log
-    pid = os.fork()
-    if pid == 0:
-        _child(spec, account, out_w, err_w, container)
+    pid = _spawn(spec, out_w, err_w) if _spawnable(spec, account, container) else None
+    if pid is None:
+        pid = os.fork()
+        if pid == 0:
+            _child(spec, account, out_w, err_w, container)
     write_atomic("pid", str(pid))
+    wake(spec.get("wake"))
     status = _copy_until_exit(pid, pipes, files, log, cgroups) if files else _wait(pid)
     rc = exit_code(status)
     if container is not None:  # its own cgroup: its OOM and its end are the runtime's to tell
@@ -171,6 +218,7 @@ def run(job_dir: str) -> int:
             write_atomic("oom", "1")
         fencing.remove(cgroups)  # what the job left behind ends with it
     write_atomic("rc", str(rc))
+    wake(spec.get("wake"))
     return 0
 
 

@@ -6,7 +6,13 @@ Standard library only: shipped in the agent's bundle.
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import zipfile
+
+# the agent's wake-up socket in its directory: a job step says here that a job's pid or rc file
+# was written, so the agent reports a start or an end at once instead of at its next poll
+WAKE_SOCKET = "wake.sock"
 
 
 def write_atomic(path: str, text: str) -> None:
@@ -15,6 +21,49 @@ def write_atomic(path: str, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def wake(path) -> None:
+    """Wake the agent listening on `path` (best effort: the agent polls as well, so a wake-up
+    that is lost or refused costs latency, never a report)."""
+    if not path:
+        return
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.setblocking(False)
+            s.sendto(b"1", path)
+    except OSError:
+        pass
+
+
+def listen_wake(path: str, woken) -> bool:
+    """Bind the agent's wake-up socket at `path` (only its owner may write to it) and call
+    `woken()` from a thread for each wake-up. False where it cannot be bound (a path longer
+    than a socket address allows, a read-only directory): the agent then polls faster."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.bind(path)
+        os.chmod(path, 0o600)
+    except OSError:
+        sock.close()
+        return False
+
+    def serve() -> None:
+        while True:
+            try:
+                sock.recv(16)
+            except OSError:
+                return
+            woken()
+
+    threading.Thread(target=serve, name="wake", daemon=True).start()
+    return True
 
 
 def own_file(rel: str) -> bytes:

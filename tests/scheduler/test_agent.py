@@ -143,3 +143,107 @@ def test_a_bad_request_gets_an_error_and_the_agent_keeps_going(agent):
     assert agent.wait_for("error")["id"] == 11
     agent.send(op="ping", id=12)
     assert agent.wait_for("pong")["id"] == 12
+
+
+def test_the_agent_listens_for_wake_ups_on_a_socket_only_it_may_write_to(agent, tmp_path):
+    import stat
+
+    sock = tmp_path / "agent" / "wake.sock"
+    mode = sock.stat().st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+    agent.send(op="launch", key="8.0", job_id=8, argv=["sh", "-c", "sleep 0.2; exit 3"])
+    assert agent.wait_for("exited", "8.0")["rc"] == 3
+    spec = json.loads((tmp_path / "agent" / "jobs" / "8.0" / "spec.json").read_text())
+    assert spec["wake"] == str(sock)
+
+
+def test_a_job_step_wakes_the_agent_when_it_writes_the_pid_and_the_exit_status(tmp_path):
+    import socket
+
+    sys.path.insert(0, str(AGENT.parent))
+    from nodefiles import listen_wake
+
+    woken: queue.Queue = queue.Queue()
+    path = tmp_path / "wake.sock"
+    assert listen_wake(str(path), lambda: woken.put(time.monotonic()))
+    job = tmp_path / "job"
+    (job / "work").mkdir(parents=True)
+    (job / "spec.json").write_text(json.dumps({
+        "argv": ["sh", "-c", "exit 5"], "env": {"PATH": os.environ["PATH"]}, "cwd": str(job / "work"),
+        "account": None, "cgroups": [], "stdout": None, "stderr": None, "gpus": [], "wake": str(path)}))
+    subprocess.run([sys.executable, str(AGENT), "wrap", str(job)], check=True, timeout=30)
+    assert (job / "rc").read_text() == "5"
+    assert woken.get(timeout=5) and woken.get(timeout=5)  # one for the pid, one for the rc
+    # a wake-up nobody listens for is no error for the job step
+    path.unlink()
+    (job / "rc").unlink()
+    (job / "wpid").unlink()
+    subprocess.run([sys.executable, str(AGENT), "wrap", str(job)], check=True, timeout=30)
+    assert (job / "rc").read_text() == "5"
+    with pytest.raises(OSError):
+        socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"1", str(path))
+
+
+def test_an_agent_that_cannot_bind_its_wake_socket_still_reports_starts_and_ends(tmp_path):
+    # a socket address holds 107 bytes: under a deeper directory the agent falls back to polling
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "agent"
+    a = Agent(deep)
+    try:
+        assert not (deep / "wake.sock").exists()
+        a.send(op="launch", key="9.0", job_id=9, argv=["sh", "-c", "sleep 0.3; exit 6"])
+        assert a.wait_for("started", "9.0")
+        assert a.wait_for("exited", "9.0")["rc"] == 6
+        spec = json.loads((deep / "jobs" / "9.0" / "spec.json").read_text())
+        assert spec["wake"] is None
+    finally:
+        a.close()
+
+
+PROBE = """
+import os, signal, stat, sys
+print("leader", os.getsid(0) == os.getpid() == os.getpgid(0))
+print("stdin", os.readlink("/proc/self/fd/0"))
+print("cwd", os.getcwd())
+mask = os.umask(0); print("umask", oct(mask))
+print("fds", sorted(int(f) for f in os.listdir("/proc/self/fd")))
+print("env", os.environ.get("ONLY_THIS"), "HOME" in os.environ)
+sys.stdout.flush(); sys.stderr.write("to stderr\\n")
+"""
+
+
+def _wrap(tmp_path, name: str, argv: list, cwd: str, **extra) -> tuple[str, str]:
+    job = tmp_path / name
+    job.mkdir()
+    (job / "spec.json").write_text(json.dumps({
+        "argv": argv, "env": {"PATH": os.environ["PATH"], "ONLY_THIS": "yes"}, "cwd": cwd,
+        "account": None, "cgroups": [], "stdout": None, "stderr": None, "gpus": [], **extra}))
+    subprocess.run([sys.executable, str(AGENT), "wrap", str(job)], check=True, timeout=30)
+    return (job / "rc").read_text(), (job / "log").read_text()
+
+
+def test_a_job_started_without_a_second_fork_gets_what_a_forked_one_gets(tmp_path):
+    """An unfenced job (no cgroups, no owner to become) is started with posix_spawn: it still
+    leads its own session, reads /dev/null, runs in its directory with the spec's umask and
+    only its own environment, gets SIGPIPE back, and inherits no descriptor beyond 0-2."""
+    work = tmp_path / "work dir"
+    work.mkdir()
+    # the shell reports what it was started with (Python would ignore SIGPIPE itself)
+    shell = 'grep ^SigIgn: /proc/$$/status; exec python3 -c "$0"'
+    rc, out = _wrap(tmp_path, "j1", ["sh", "-c", shell, PROBE], str(work), umask=0o027)
+    assert rc == "0"
+    ignored, *rest = out.splitlines()
+    mask = int(ignored.split()[1], 16)
+    assert not mask & (1 << (signal.SIGPIPE - 1)) and not mask & (1 << (signal.SIGXFSZ - 1)), ignored
+    assert rest == ["leader True", "stdin /dev/null", f"cwd {work}", "umask 0o27", "fds [0, 1, 2, 3]",
+                    "env yes False", "to stderr"]
+
+
+def test_a_job_that_cannot_start_says_why_as_before(tmp_path):
+    rc, out = _wrap(tmp_path, "j2", ["no-such-program-here"], str(tmp_path))
+    assert (rc, out) == ("127", "trainyard: cannot run no-such-program-here: No such file or directory\n")
+    rc, out = _wrap(tmp_path, "j3", ["true"], str(tmp_path / "gone"))
+    assert (rc, out) == ("1", f"trainyard: cannot enter {tmp_path / 'gone'}: No such file or directory\n")
+    script = tmp_path / "not-executable"
+    script.write_text("echo hi\n")
+    rc, out = _wrap(tmp_path, "j4", [str(script)], str(tmp_path))
+    assert (rc, out) == ("127", f"trainyard: cannot run {script}: Permission denied\n")
