@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ class _Stream:
     path: Path
     size: int
     complete: bool
+    finishing: bool = False  # its `.done` is being written: a duplicate end waits for that
 
 
 class LogStore:
@@ -74,6 +76,11 @@ class LogStore:
         self._owner: dict[tuple[str, str], tuple[int, int, int] | None] = {}
         self._streams: dict[tuple[int, int, int], _Stream] = {}
         self._totals: dict[tuple[int, int], int] = {}
+        # the files written once per job (an attempt's nodes.json at dispatch, a stream's .done
+        # at its end) are created by one thread, in order, so that the event loop never waits on
+        # the disk for them (a file's creation took 0.3-0.6 ms of the loop under load)
+        self._files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="logstore")
+        self._stopping = False
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     @property
@@ -88,8 +95,28 @@ class LogStore:
             self.shipper.start()
 
     async def stop(self) -> None:
+        self._stopping = True
+        await asyncio.to_thread(self._files.shutdown)  # what was handed to it is written
         if self.shipper:
             await self.shipper.stop()
+
+    def _in_background(self, write: Callable[[], None], then: Callable[[OSError | None], None]) -> None:
+        """Run `write` on the file thread, then `then(error)` on the event loop (`error`: the
+        OSError it raised, else None). Without a running loop (a direct call), both at once."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or self._stopping:  # a direct call, or the daemon stops: write it now
+            then(_attempt(write))
+            return
+
+        def work() -> None:
+            error = _attempt(write)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the file is written
+                loop.call_soon_threadsafe(then, error)
+
+        self._files.submit(work)
 
     # ---------------------------------------------------------------- paths
     def attempt_dir(self, job_id: int, attempt: int) -> Path:
@@ -116,6 +143,8 @@ class LogStore:
         st = self._stream(where)
         if st.complete:
             self._ack(node, key, st.size, done=True)
+            return
+        if st.finishing:  # sent again before its end was stored: acknowledged once it is
             return
         try:
             data = base64.b64decode(str(msg.get("data", "")), validate=True)
@@ -176,10 +205,17 @@ class LogStore:
 
     def record_ranks(self, job_id: int, attempt: int, nodes: list[str]) -> None:
         """At dispatch: output of this attempt is the job's even if it arrives after a requeue.
-        Its streams are known from here on, so their output needs no database read."""
-        self._record_ranks(job_id, attempt, nodes)
+        Its streams are known from here on, so their output needs no database read; the file
+        that says so after a restart is written on the file thread."""
         for rank, node in enumerate(nodes):
             self._owner[(node, f"{job_id}.{attempt}")] = (job_id, attempt, rank)
+        nodes = list(nodes)
+
+        def then(error: OSError | None) -> None:
+            if error is not None:
+                self._problem(f"cannot store jobs' output under {self.root}: {error.strerror or error}",
+                              nodes[0] if nodes else "")
+        self._in_background(lambda: self._record_ranks(job_id, attempt, nodes), then)
 
     def _record_ranks(self, job_id: int, attempt: int, nodes: list[str]) -> None:
         d = self.attempt_dir(job_id, attempt)
@@ -236,17 +272,23 @@ class LogStore:
             log.exception("cannot record logs.problem")
 
     def _finish(self, st: _Stream, where: tuple[int, int, int], node: str, key: str, how: str) -> None:
-        try:
-            st.path.with_suffix(".done").write_text(how)
-        except OSError:
-            self._ack(node, key, st.size)  # not finished: the agent sends its end again
-            return
-        st.complete = True
-        self._streams.pop(where, None)
-        self._owner.pop((node, key), None)  # a late duplicate finds the stream complete on disk
-        self._ack(node, key, st.size, done=True)
-        if self.shipper:
-            self.shipper.ship(*where[:2])
+        """Mark the stream complete on disk (on the file thread), then acknowledge its end."""
+        st.finishing = True
+
+        def then(error: OSError | None) -> None:
+            st.finishing = False
+            if error is not None:
+                self._ack(node, key, st.size)  # not finished: the agent sends its end again
+                return
+            st.complete = True
+            self._streams.pop(where, None)
+            self._owner.pop((node, key), None)  # a late duplicate finds the stream complete on disk
+            self._ack(node, key, st.size, done=True)
+            if self.shipper:
+                self.shipper.ship(*where[:2])
+
+        done = st.path.with_suffix(".done")
+        self._in_background(lambda: done.write_text(how), then)
 
     def _ack(self, node: str, key: str, offset: int, done: bool = False) -> None:
         self.links.send(node, {"op": "output_ack", "key": key, "offset": offset, "done": done})
@@ -323,6 +365,14 @@ class LogStore:
         for where in [w for w in self._streams if (str(w[0]), str(w[1])) == (job, attempt)]:
             del self._streams[where]
         self._totals = {k: v for k, v in self._totals.items() if (str(k[0]), str(k[1])) != (job, attempt)}
+
+
+def _attempt(write: Callable[[], None]) -> OSError | None:
+    try:
+        write()
+    except OSError as e:
+        return e
+    return None
 
 
 def whole_utf8(data: bytes) -> int:

@@ -155,8 +155,15 @@ class Reconciler:
         if not batch:
             return
         acts: list = []
+        ids = []
+        for _handler, args in batch:  # every report names its node, then its job's key
+            with contextlib.suppress(ValueError, IndexError, TypeError, AttributeError):
+                ids.append(parse_key(args[1])[0])
         try:
             with self.store.tx() as s:
+                # one read; then each handler's s.get finds its job in the session (which holds
+                # them weakly: `loaded` keeps them there until the commit)
+                loaded = self.store.load_jobs(s, ids) if len(ids) > 1 else {}  # noqa: F841
                 for handler, args in batch:
                     handler(s, acts, *args)
         except Exception:  # noqa: BLE001 - one bad report must not lose the others: one at a time

@@ -12,13 +12,16 @@ from types import SimpleNamespace
 from sqlalchemy import event, insert
 from sqlalchemy import select as sa_select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col
+from sqlmodel import select as sm_select
 
 from .. import models as m
 from ..models import Event, Job, Node, Queue
 from .clock import Clock
 
 log = logging.getLogger("trainyard.daemon")
+# the columns of an event row, as record() builds them
+_EVENT_COLUMNS = ("time", "actor", "action", "target", "address", "detail")
 
 STREAM_BACKLOG_MAX = 10000  # a reader this far behind is dropped rather than grow without bound
 
@@ -128,6 +131,8 @@ class StateStore:
             if self.fence is not None:
                 self.fence(s.connection())
             yield s
+            if events:
+                self._insert_events(s, events)
             s.commit()
         except BaseException:
             s.rollback()
@@ -161,15 +166,41 @@ class StateStore:
     def read(self) -> Session:
         return Session(self.engine)
 
+    @staticmethod
+    def load_jobs(s: Session, ids) -> dict[int, Job]:
+        """The jobs of `ids` in `s`, read with one SELECT per 500: a loop over several jobs that
+        called `s.get` for each would flush the previous one's changes and read the next one
+        alone; after this, `s.get` finds them in the session, and their UPDATEs are flushed
+        together."""
+        ids = sorted(set(ids))
+        out: dict[int, Job] = {}
+        for i in range(0, len(ids), 500):
+            for job in s.exec(sm_select(Job).where(col(Job.id).in_(ids[i:i + 500]))).all():
+                out[job.id] = job
+        return out
+
     def record(self, s: Session, actor: str, action: str, target: str, detail: dict | None = None,
                address: str = "") -> dict:
         """Add an audit/state event to the transaction; published once the transaction commits."""
         ev = {"time": self.clock.time(), "actor": actor, "action": action, "target": target,
               "address": address, "detail": detail or {}}
-        # a Core insert: events are written on every change, and ORM objects cost more than the row
-        ev["id"] = s.execute(insert(Event.__table__), ev).inserted_primary_key[0]
-        s.info["events"].append(ev)
+        s.info["events"].append(ev)  # written by tx() just before it commits, with the others
         return ev
+
+    @staticmethod
+    def _insert_events(s: Session, events: list[dict]) -> None:
+        """A transaction's events in one Core INSERT (executemany; ids returned in order): events
+        are written on every change, and a statement each (with the ORM flush each one forced
+        before it) cost more than the rows."""
+        t = Event.__table__
+        if len(events) == 1:  # the common case: a plain INSERT costs less than one with RETURNING
+            ev = events[0]
+            ev["id"] = s.execute(insert(t), {k: ev[k] for k in _EVENT_COLUMNS}).inserted_primary_key[0]
+            return
+        ids = s.execute(insert(t).returning(t.c.id, sort_by_parameter_order=True),
+                        [{k: ev[k] for k in _EVENT_COLUMNS} for ev in events]).scalars().all()
+        for ev, eid in zip(events, ids, strict=True):
+            ev["id"] = eid
 
     def audit(self, actor: str, action: str, target: str, detail: dict | None = None,
               address: str = "") -> None:

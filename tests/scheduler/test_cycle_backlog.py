@@ -178,3 +178,69 @@ def test_a_long_backlogs_waits_are_built_off_the_loop_and_keep_what_users_did_me
     # the kept rows agree with the database after the write: a full read plans the same
     asyncio.run(d.cycle.write_waits())
     assert planned(d.cycle, d, clock.time()) == fresh(d, clock.time())
+
+
+def _job_reads(d: Daemon, fn) -> int:
+    """How many statements that read the job table `fn` runs."""
+    from sqlalchemy import event
+
+    seen = []
+
+    def count(conn, cursor, statement, params, context, executemany):
+        if statement.lstrip().upper().startswith("SELECT") and " job" in statement.lower():
+            seen.append(statement)
+
+    event.listen(d.engine, "before_cursor_execute", count)
+    try:
+        fn()
+    finally:
+        event.remove(d.engine, "before_cursor_execute", count)
+    return len(seen)
+
+
+
+def _reads_for(base, gpus_per_node: int) -> dict[str, int]:
+    """Job-table reads of a cycle that starts 3 x gpus_per_node jobs, and of one batch of the
+    agents' `started` and `exited` reports for them."""
+    import asyncio
+
+    clock = ManualClock()
+    d = Daemon(DaemonConfig(), base / "home", clock=clock)
+    d.prepare()
+    d.links.connected = lambda name: True
+    d.dispatcher.dispatch = lambda job: None  # no agents here: the launches go nowhere
+    with d.store.tx() as s:
+        for i in range(3):
+            s.add(Node(name=f"n{i}", address="127.0.0.1", state=m.UP, gpus_total=gpus_per_node,
+                       gpu_indices=list(range(gpus_per_node)), cpus=32, mem_mb=64000))
+    count = 3 * gpus_per_node
+    first = [d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=1))["id"] for _ in range(count)]
+    d.cycle.run_once()  # the first cycle reads everything whole
+    more = [d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=1))["id"] for _ in range(count)]
+    with d.store.tx() as s:  # the first ones end: their GPUs go to the next ones
+        for j in d.store.load_jobs(s, first).values():
+            j.end_time = clock.time()
+            d.store.set_state(s, j, m.COMPLETED, "")
+    reads = {"cycle": _job_reads(d, d.cycle.run_once)}
+    with d.store.tx() as s:
+        assert {j.id: j.state for j in d.store.load_jobs(s, more).values()} == dict.fromkeys(more, m.CONFIGURING)
+
+    async def reports():  # what arrives in one turn of the event loop is committed together
+        for jid in more:
+            node = d.store.active.nodes_of[jid][0]
+            d.reconciler.on_started(node, f"{jid}.0")
+            d.reconciler.on_exited(node, f"{jid}.0", RankExit(rc=0), clock.time())
+        await asyncio.sleep(0)
+
+    reads["reports"] = _job_reads(d, lambda: asyncio.run(reports()))
+    with d.store.tx() as s:
+        assert {j.state for j in d.store.load_jobs(s, more).values()} == {m.COMPLETED}
+    d.engine.dispose()
+    return reads
+
+
+def test_a_cycle_and_a_batch_of_agent_reports_read_their_jobs_at_once_however_many(tmp_path):
+    """Starting 3 or 12 jobs, and taking the ends of 3 or 12, reads the job table as often: the
+    jobs are read together, not with a SELECT each (each of which flushed the change before)."""
+    few, many = _reads_for(tmp_path / "few", 1), _reads_for(tmp_path / "many", 4)
+    assert few == many, (few, many)
