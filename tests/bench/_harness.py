@@ -31,6 +31,33 @@ def demo(nodes: int = 4, gpus: int = 8):
         proc.wait(30)
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of the process `pid` itself."""
+    fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of `pid` and of all its descendants: the live ones, and what the ones that
+    ended left in their parents' counts of waited-for children (a demo's agents, their job
+    supervisors and the jobs)."""
+    children: dict[int, list[tuple[int, list[str]]]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rpartition(")")[2].split()
+            except OSError:  # it ended meanwhile
+                continue
+            children.setdefault(int(fields[1]), []).append((int(entry), fields))
+    hz = os.sysconf("SC_CLK_TCK")
+
+    def total(p: int, fields: list[str]) -> float:
+        own = sum(int(x) for x in fields[11:15]) / hz  # utime, stime, cutime, cstime
+        return own + sum(total(c, f) for c, f in children.get(p, []))
+
+    return total(pid, open(f"/proc/{pid}/stat").read().rpartition(")")[2].split())
+
+
 def machine() -> str:
     cpu = "unknown CPU"
     try:

@@ -1,6 +1,7 @@
 """Submit under load: 8 concurrent clients submit 10,000 1-GPU `true` jobs over the API while the
 4-node demo (32 simulated GPUs) runs them. Prints the sustained rate, submit latency percentiles,
-the daemon's CPU, and whether every job was stored exactly once and ran to COMPLETED. Run:
+the daemon's CPU, the CPU spent per job by the daemon and by the nodes (agents, supervisors, the
+jobs), and whether every job was stored exactly once and ran to COMPLETED. Run:
     .venv/bin/python tests/bench/bench_submit_load.py [JOBS] [CLIENTS]
 """
 
@@ -11,13 +12,8 @@ import os
 import sys
 import time
 
-from _harness import demo, machine, now, percentile
+from _harness import cpu_s, demo, machine, now, percentile, tree_cpu_s
 from _http import Connection
-
-
-def cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def client(url: str, token: str, count: int, lat: list[float], ids: list[int]) -> None:
@@ -39,7 +35,7 @@ async def run(url: str, token: str, pid: int, jobs: int, clients: int) -> None:
     lat: list[float] = []
     ids: list[int] = []
     per = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
-    cpu0, t0 = cpu_s(pid), now()
+    cpu0, tree0, t0 = cpu_s(pid), tree_cpu_s(pid), now()
     await asyncio.gather(*(client(url, token, n, lat, ids) for n in per))
     wall = now() - t0
     cpu = cpu_s(pid) - cpu0
@@ -55,6 +51,8 @@ async def run(url: str, token: str, pid: int, jobs: int, clients: int) -> None:
             break
         await asyncio.sleep(0.2)
     drained = now() - t0
+    daemon_cpu = cpu_s(pid) - cpu0
+    nodes_cpu = tree_cpu_s(pid) - tree0 - daemon_cpu
     _, rows = await c.request("GET", "/v1/jobs?all=true&limit=100000")
     await c.close()
     stored = [r["id"] for r in rows if r["name"] == "load"]
@@ -63,6 +61,9 @@ async def run(url: str, token: str, pid: int, jobs: int, clients: int) -> None:
     print(f"first submit to last COMPLETED: {drained:.2f} s; rows {len(stored):,}, distinct ids "
           f"{len(set(stored)):,}, answered ids {len(set(ids)):,}, lost {len(lost)}, "
           f"duplicated {len(stored) - len(set(stored))}, COMPLETED {completed:,}; states {by}")
+    print(f"CPU per job, first submit to last COMPLETED: daemon {daemon_cpu / len(ids) * 1000:.2f} ms (with "
+          f"the demo's simulated SSH servers, which run in its process); the nodes' agents, job "
+          f"supervisors and jobs {nodes_cpu / len(ids) * 1000:.2f} ms")
 
 
 def main() -> None:
