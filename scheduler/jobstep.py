@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 import time
@@ -37,6 +38,8 @@ else:  # inside the agent's bundle on a node
     from nodefiles import wake, write_atomic
 
 CHUNK = 65536
+# Python ignores these; a job gets them back at their defaults
+DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 
 
 def exit_code(status: int) -> int:
@@ -97,7 +100,7 @@ def _child(spec: dict, account, out_fd: int, err_fd: int, container=None) -> Non
         except OSError as e:
             os.write(2, f"trainyard: cannot enter {spec['cwd']}: {e.strerror}\n".encode())
             os._exit(1)
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # ignored by Python, not by the job
+        for sig in DEFAULT_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         if container is None:
             argv = spec["argv"]
@@ -125,7 +128,8 @@ def _spawn(spec: dict, out_fd: int, err_fd: int):
     about a millisecond less per start); its pid, or None where it cannot start this way (the
     caller then forks, and `_child` reports why the job cannot run exactly as before)."""
     argv, env = spec["argv"], spec["env"]
-    path = _which(argv[0], env)
+    # the program execvpe would run: the first executable of that name on the job's PATH
+    path = shutil.which(argv[0], path=os.pathsep.join(os.get_exec_path(env)))
     if path is None:
         return None
     here = os.getcwd()
@@ -133,7 +137,7 @@ def _spawn(spec: dict, out_fd: int, err_fd: int):
     try:
         os.chdir(spec["cwd"])  # the job's working directory is the one it is spawned in
         return os.posix_spawn(
-            path, argv, env, setsid=True, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            path, argv, env, setsid=True, setsigdef=DEFAULT_SIGNALS,
             file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                           (os.POSIX_SPAWN_DUP2, out_fd, 1), (os.POSIX_SPAWN_DUP2, err_fd, 2)])
     except (OSError, TypeError, ValueError):
@@ -141,18 +145,6 @@ def _spawn(spec: dict, out_fd: int, err_fd: int):
     finally:
         os.umask(umask)
         os.chdir(here)
-
-
-def _which(name: str, env: dict):
-    """The program execvpe(name, ..., env) would run: a name with a slash as it is, else the
-    first executable file of that name on the job's PATH."""
-    if os.sep in name:
-        return name
-    for d in os.get_exec_path(env):
-        path = os.path.join(d, name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
 
 
 def run(job_dir: str) -> int:

@@ -20,8 +20,6 @@ from ..models import Event, Job, Node, Queue
 from .clock import Clock
 
 log = logging.getLogger("trainyard.daemon")
-# the columns of an event row, as record() builds them
-_EVENT_COLUMNS = ("time", "actor", "action", "target", "address", "detail")
 
 STREAM_BACKLOG_MAX = 10000  # a reader this far behind is dropped rather than grow without bound
 
@@ -195,10 +193,10 @@ class StateStore:
         t = Event.__table__
         if len(events) == 1:  # the common case: a plain INSERT costs less than one with RETURNING
             ev = events[0]
-            ev["id"] = s.execute(insert(t), {k: ev[k] for k in _EVENT_COLUMNS}).inserted_primary_key[0]
+            ev["id"] = s.execute(insert(t), ev).inserted_primary_key[0]
             return
         ids = s.execute(insert(t).returning(t.c.id, sort_by_parameter_order=True),
-                        [{k: ev[k] for k in _EVENT_COLUMNS} for ev in events]).scalars().all()
+                        events).scalars().all()
         for ev, eid in zip(events, ids, strict=True):
             ev["id"] = eid
 

@@ -166,20 +166,13 @@ def test_a_job_step_wakes_the_agent_when_it_writes_the_pid_and_the_exit_status(t
     woken: queue.Queue = queue.Queue()
     path = tmp_path / "wake.sock"
     assert listen_wake(str(path), lambda: woken.put(time.monotonic()))
-    job = tmp_path / "job"
-    (job / "work").mkdir(parents=True)
-    (job / "spec.json").write_text(json.dumps({
-        "argv": ["sh", "-c", "exit 5"], "env": {"PATH": os.environ["PATH"]}, "cwd": str(job / "work"),
-        "account": None, "cgroups": [], "stdout": None, "stderr": None, "gpus": [], "wake": str(path)}))
-    subprocess.run([sys.executable, str(AGENT), "wrap", str(job)], check=True, timeout=30)
-    assert (job / "rc").read_text() == "5"
+    rc, _ = _wrap(tmp_path, "j1", ["sh", "-c", "exit 5"], str(tmp_path), wake=str(path))
+    assert rc == "5"
     assert woken.get(timeout=5) and woken.get(timeout=5)  # one for the pid, one for the rc
     # a wake-up nobody listens for is no error for the job step
     path.unlink()
-    (job / "rc").unlink()
-    (job / "wpid").unlink()
-    subprocess.run([sys.executable, str(AGENT), "wrap", str(job)], check=True, timeout=30)
-    assert (job / "rc").read_text() == "5"
+    rc, _ = _wrap(tmp_path, "j2", ["sh", "-c", "exit 5"], str(tmp_path), wake=str(path))
+    assert rc == "5"
     with pytest.raises(OSError):
         socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"1", str(path))
 

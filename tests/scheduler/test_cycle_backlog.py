@@ -22,16 +22,22 @@ from scheduler.models import Job, Node
 ADMIN = Caller("root", "admin")
 
 
-@pytest.fixture
-def daemon(tmp_path):
+def make_daemon(home, gpus_per_node: int = 4) -> tuple[Daemon, ManualClock]:
+    """A daemon with three UP nodes that have no agents: their rows are what counts here."""
     clock = ManualClock()
-    d = Daemon(DaemonConfig(), tmp_path / "home", clock=clock)
+    d = Daemon(DaemonConfig(), home, clock=clock)
     d.prepare()
-    d.links.connected = lambda name: True  # nodes without agents: their rows are what counts here
+    d.links.connected = lambda name: True
     with d.store.tx() as s:
         for i in range(3):
-            s.add(Node(name=f"n{i}", address="127.0.0.1", state=m.UP, gpus_total=4,
-                       gpu_indices=[0, 1, 2, 3], cpus=32, mem_mb=64000))
+            s.add(Node(name=f"n{i}", address="127.0.0.1", state=m.UP, gpus_total=gpus_per_node,
+                       gpu_indices=list(range(gpus_per_node)), cpus=32, mem_mb=64000))
+    return d, clock
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d, clock = make_daemon(tmp_path / "home")
     yield d, clock
     d.engine.dispose()
 
@@ -204,15 +210,8 @@ def _reads_for(base, gpus_per_node: int) -> dict[str, int]:
     agents' `started` and `exited` reports for them."""
     import asyncio
 
-    clock = ManualClock()
-    d = Daemon(DaemonConfig(), base / "home", clock=clock)
-    d.prepare()
-    d.links.connected = lambda name: True
+    d, clock = make_daemon(base / "home", gpus_per_node)
     d.dispatcher.dispatch = lambda job: None  # no agents here: the launches go nowhere
-    with d.store.tx() as s:
-        for i in range(3):
-            s.add(Node(name=f"n{i}", address="127.0.0.1", state=m.UP, gpus_total=gpus_per_node,
-                       gpu_indices=list(range(gpus_per_node)), cpus=32, mem_mb=64000))
     count = 3 * gpus_per_node
     first = [d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=1))["id"] for _ in range(count)]
     d.cycle.run_once()  # the first cycle reads everything whole
