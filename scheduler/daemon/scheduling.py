@@ -8,6 +8,7 @@ import logging
 import sys
 import time
 from collections.abc import Mapping
+from operator import itemgetter
 
 from sqlalchemy import bindparam, func, literal_column, update
 from sqlalchemy import select as sa_select
@@ -60,8 +61,9 @@ ACTIVE_KEY = (_T.state, _T.attempt, _T.priority, _T.nice, _T.held, _T.time_limit
 # what the cycle reads of every pending job to know which changed (the cache key and the planner's
 # last words, to write only what changed), and of every active one
 PENDING_LIGHT = (_T.id, _T.attempt, _T.priority, _T.held, _T.reason, _T.estimated_start, _T.nice,
-                 _T.time_limit_s, _T.reason_detail)
+                 _T.time_limit_s, _T.reason_detail, _T.eligible_time, _T.submit_time)
 _PENDING_AT = {c.name: i for i, c in enumerate(PENDING_LIGHT)}
+_BEGIN_AT, _SUBMIT_AT = _PENDING_AT["eligible_time"], _PENDING_AT["submit_time"]
 ACTIVE_LIGHT = (_T.id, *ACTIVE_KEY)
 # the light rows are kept between cycles and only the jobs committed transactions changed are
 # read again (StateStore.changed_jobs); all of them are read again this often regardless
@@ -73,6 +75,10 @@ IDLE_PLAN_S = 0.05  # a daemon that planned nothing for this long plans a submis
 WAITS_SWITCH_S = 0.0005  # the interpreter's thread switch interval while they are built
 WAITS_WRITE_CHUNK = 500  # pending jobs' reasons written per transaction by write_waits
 WAITS_EVERY_S = 10.0  # (Slurm's backfill works out estimated starts every 30 s by default)
+# Under a shorter backlog reasons are written every cycle, their words and estimated starts at
+# most this often: they move with every start and end, and rewriting every pending job's row
+# each cycle cost more than planning
+ESTIMATES_EVERY_S = 1.0
 # pending jobs hold no allocation: skip decoding that JSON column for them
 PENDING_COLUMNS = tuple(literal_column("NULL").label("allocation") if c.name == "allocation" else c
                         for c in VIEW_COLUMNS)
@@ -117,6 +123,12 @@ def node_labels(labels: dict[str, str] | None, runtime: str | None) -> dict[str,
     return labels
 
 
+_second = itemgetter(1)
+# what of a pending job's light row may change while it stays PENDING (see pending_views)
+_pending_key = itemgetter(_PENDING_AT["attempt"], _PENDING_AT["priority"], _PENDING_AT["held"], _PENDING_AT["nice"],
+                          _PENDING_AT["time_limit_s"])
+
+
 def view_rows(s: Session, columns, *where) -> list:
     return s.connection().execute(sa_select(*columns).where(*where)).all()
 
@@ -145,19 +157,13 @@ class Allocated:
             self.cpus[node] = self.cpus.get(node, 0) + sign * view.cpus
             self.mem[node] = self.mem.get(node, 0) + sign * view.mem_mb
 
-    def follow(self, old: dict[int, tuple], new: dict[int, tuple], changed: list[int]) -> None:
-        """From the views in `old` to those in `new` ({id: (key, view)}); `changed`: the ids
-        whose view was read again."""
-        gone = old.keys() - new.keys()
-        if gone or changed:
-            self.version += 1
-        for jid in gone:
-            self._apply(old[jid][1], -1)
-        for jid in changed:
-            if jid in new:
-                if jid in old:
-                    self._apply(old[jid][1], -1)
-                self._apply(new[jid][1], +1)
+    def add(self, view: JobView) -> None:
+        self._apply(view, +1)
+        self.version += 1
+
+    def take(self, view: JobView) -> None:
+        self._apply(view, -1)
+        self.version += 1
 
 
 class WaitColumns(Mapping):
@@ -170,7 +176,7 @@ class WaitColumns(Mapping):
         self.rows = rows
 
     def __getitem__(self, jid: int) -> tuple:
-        r = self.rows[jid]  # PENDING_LIGHT: id, attempt, priority, held, reason, est, nice, limit, detail
+        r = self.rows[jid]  # PENDING_LIGHT: id, attempt, priority, held, reason, est, nice, limit, detail, ...
         return r[4], r[5], r[3], r[8]
 
     def __iter__(self):
@@ -205,9 +211,11 @@ class SchedulingCycle:
         self._active_light: dict[int, tuple] | None = None
         self._max_id = 0  # new jobs have higher ids: read with `id > _max_id`
         self._changed: tuple[set[int], set[int]] = (set(), set())  # not yet applied: pending, active
+        self._begins: dict[int, float] = {}  # pending jobs not eligible at submission: id -> eligible time
         self._full_read_at = 0.0
         self._node_rows: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
         self._waits_due = 0.0  # when a long backlog's reasons are written again
+        self._estimates_due = 0.0  # when a shorter backlog's estimated starts are written again
         self.waits_pending = None  # (decisions, rows) of a cycle whose waits write_waits builds
         self._ended = 0.0  # perf_counter when the loop's last cycle ended
         self._allocated = Allocated()  # what the views in _active_cache hold, by node
@@ -225,36 +233,55 @@ class SchedulingCycle:
 
         While a job stays PENDING only its priority, nice, hold and time limit (`scontrol update`)
         can change; a requeue bumps its attempt. Those are the cache key; everything else is
-        fetched once.
+        fetched once. Only the jobs committed transactions touched since the last cycle are
+        looked at (O(changes), not O(backlog)), except on a full read.
         """
-        t = _T
-        light = self._light(s, PENDING_LIGHT, t.state == m.PENDING, pending=True)
-        if now is not None:  # --begin: not a candidate before its time (Slurm's BeginTime)
-            later = s.connection().execute(sa_select(t.id, t.reason).where(
-                t.state == m.PENDING, t.eligible_time > now, t.held == "")).all()
-            if later:
-                skip = {jid for jid, _ in later}
-                light = [r for r in light if r[0] not in skip]
-                waiting = [jid for jid, reason in later if reason != BEGIN_TIME]
-                if waiting:
-                    s.execute(update(Job.__table__).where(Job.__table__.c.id.in_(waiting))
-                              .values(reason=BEGIN_TIME))
-                    self._note_reasons({jid: {"reason": BEGIN_TIME} for jid in waiting})
-        cache, fresh = self._pending_cache, {}
+        kept, touched = self._light(s, PENDING_LIGHT, _T.state == m.PENDING, pending=True)
+        cache, begins = self._pending_cache, self._begins
+        if touched is None:  # a full read: every row is checked, and what left is dropped
+            for jid in cache.keys() - kept.keys():
+                del cache[jid]
+            begins.clear()
+            touched = kept.keys()
         missing = []
-        for jid, attempt, prio, held, _reason, _est, nice, limit, _detail in light:
+        for jid in touched:
+            row = kept.get(jid)
+            if row is None:
+                cache.pop(jid, None)
+                begins.pop(jid, None)
+                continue
             hit = cache.get(jid)
-            if hit is not None and hit[0] == (attempt, prio, held, nice, limit):
-                fresh[jid] = hit
-            else:
+            if hit is None or hit[0] != _pending_key(row):
                 missing.append(jid)
+            if row[_BEGIN_AT] > row[_SUBMIT_AT]:  # --begin, or a requeue's hold-off: looked at each cycle
+                begins[jid] = row[_BEGIN_AT]
+            else:
+                begins.pop(jid, None)
         for i in range(0, len(missing), 500):
-            for r in view_rows(s, PENDING_COLUMNS, t.id.in_(missing[i:i + 500])):
-                x = r._mapping
-                fresh[x["id"]] = ((x["attempt"], x["priority"], x["held"], x["nice"], x["time_limit_s"]),
-                                  job_view(r))
-        self._pending_cache = fresh
-        views = [fresh[jid][1] for jid, *_ in light if jid in fresh]
+            chunk = missing[i:i + 500]
+            found = {}
+            for r in view_rows(s, PENDING_COLUMNS, _T.id.in_(chunk)):
+                found[r._mapping["id"]] = r
+            for jid in chunk:
+                r = found.get(jid)
+                if r is None:
+                    cache.pop(jid, None)
+                else:
+                    cache[jid] = (_pending_key(kept[jid]), job_view(r))
+        later = ()
+        if now is not None and begins:  # --begin: not a candidate before its time (Slurm's BeginTime)
+            later = [jid for jid, at in begins.items() if at > now and kept[jid][_PENDING_AT["held"]] == ""]
+            waiting = [jid for jid in later if kept[jid][_PENDING_AT["reason"]] != BEGIN_TIME]
+            if waiting:
+                s.execute(update(Job.__table__).where(Job.__table__.c.id.in_(waiting)).values(reason=BEGIN_TIME))
+                self._note_reasons({jid: {"reason": BEGIN_TIME} for jid in waiting})
+            for jid in [jid for jid, at in begins.items() if at <= now]:
+                del begins[jid]  # its time came: a candidate like any other from now on
+        if later:
+            skip = set(later)
+            views = [v for jid, (_, v) in cache.items() if jid not in skip]
+        else:
+            views = list(map(_second, cache.values()))
         return views, WaitColumns(self._pending_light or {})
 
     def active_views(self, s: Session) -> list[JobView]:
@@ -263,41 +290,60 @@ class SchedulingCycle:
         A job's request and allocation are fixed while it is active (a requeue bumps its
         attempt); what may change is in ACTIVE_KEY, read without decoding any JSON column.
         """
-        light = self._light(s, ACTIVE_LIGHT, _T.state.in_(m.ACTIVE_STATES), pending=False)
-        cache, fresh = self._active_cache, {}
+        kept, touched = self._light(s, ACTIVE_LIGHT, _T.state.in_(m.ACTIVE_STATES), pending=False)
+        cache, held = self._active_cache, self._allocated
+        ids = (kept.keys() | cache.keys()) if touched is None else touched
         missing = []
-        for r in light:
-            hit = cache.get(r[0])
-            if hit is not None and hit[0] == tuple(r[1:]):
-                fresh[r[0]] = hit
-            else:
-                missing.append(r[0])
+        for jid in ids:
+            row = kept.get(jid)
+            if row is None:
+                hit = cache.pop(jid, None)
+                if hit is not None:
+                    held.take(hit[1])
+                continue
+            hit = cache.get(jid)
+            if hit is None or hit[0] != row[1:]:
+                missing.append(jid)
         for i in range(0, len(missing), 500):
-            for r in view_rows(s, VIEW_COLUMNS, _T.id.in_(missing[i:i + 500])):
-                x = r._mapping
-                fresh[x["id"]] = (tuple(x[c.name] for c in ACTIVE_KEY), job_view(r))
-        self._allocated.follow(cache, fresh, missing)
-        self._active_cache = fresh
-        return [fresh[r[0]][1] for r in light if r[0] in fresh]
+            chunk = missing[i:i + 500]
+            found = {}
+            for r in view_rows(s, VIEW_COLUMNS, _T.id.in_(chunk)):
+                found[r._mapping["id"]] = r
+            for jid in chunk:
+                old = cache.pop(jid, None)
+                if old is not None:
+                    held.take(old[1])
+                r = found.get(jid)
+                if r is not None:
+                    x = r._mapping
+                    view = job_view(r)
+                    cache[jid] = (tuple(x[c.name] for c in ACTIVE_KEY), view)
+                    held.add(view)
+        return list(map(_second, cache.values()))
 
-    def _light(self, s: Session, columns: tuple, where, pending: bool) -> list[tuple]:
-        """The light rows of the pending (or active) jobs, in id order: read whole on the first
-        cycle and every FULL_READ_S, else kept from the last cycle and updated with the jobs
-        committed transactions changed since (plus, for pending jobs, the new ones)."""
+    def _light(self, s: Session, columns: tuple, where, pending: bool) -> tuple[dict[int, tuple], set[int] | None]:
+        """The light rows of the pending (or active) jobs by id, and the ids of those read again
+        (None when all were). Read whole on the first cycle and every FULL_READ_S, else kept from
+        the last cycle and updated with the jobs committed transactions changed since (plus,
+        for pending jobs, the new ones)."""
         conn = s.connection()
         mono = self.clock.monotonic()
         changed = self.store.take_changed_jobs()
         self._changed[0].update(changed)
         self._changed[1].update(changed)
+        slot = 0 if pending else 1
         kept = self._pending_light if pending else self._active_light
+        touched: set[int] | None
         if kept is None or mono >= self._full_read_at:
             kept = {r[0]: tuple(r) for r in conn.execute(sa_select(*columns).where(where))}
+            touched = None
             if pending:
                 self._full_read_at = mono + FULL_READ_S
                 self._active_light = None  # read whole too, in this cycle
                 self._max_id = max(self._max_id, conn.execute(sa_select(func.max(_T.id))).scalar() or 0)
         else:
-            ids = sorted(self._changed[0 if pending else 1])
+            touched = set(self._changed[slot])
+            ids = sorted(touched)
             for i in range(0, len(ids), 500):
                 chunk = ids[i:i + 500]
                 found = {r[0]: tuple(r) for r in conn.execute(sa_select(*columns).where(
@@ -311,13 +357,17 @@ class SchedulingCycle:
             if pending:
                 for r in conn.execute(sa_select(*columns).where(_T.id > self._max_id, where)):
                     kept[r[0]] = tuple(r)
-        self._changed[0 if pending else 1].clear()
+                    touched.add(r[0])
+        self._changed[slot].clear()
         if pending:
-            self._max_id = max(self._max_id, max(kept, default=0))
+            if touched is None:
+                self._max_id = max(self._max_id, max(kept, default=0))
+            elif touched:
+                self._max_id = max(self._max_id, max(touched))
             self._pending_light = kept
         else:
             self._active_light = kept
-        return [kept[jid] for jid in sorted(kept)]
+        return kept, touched
 
     def _note_reasons(self, written: dict[int, dict[str, object]]) -> None:
         """The cycle wrote these columns of pending jobs (reason, estimated_start, reason_detail):
@@ -416,7 +466,13 @@ class SchedulingCycle:
                 started.append(job)
             mono = self.clock.monotonic()
             if len(snap.pending) < LONG_BACKLOG:
-                self._commit_waits(s, decisions.waits, rows)
+                # reasons every cycle; their words ("waits for job N first") and estimated
+                # starts, which move with every start and end, at most every ESTIMATES_EVERY_S
+                # in the daemon's loop
+                estimates = not waits_later or mono >= self._estimates_due
+                if estimates:
+                    self._estimates_due = mono + ESTIMATES_EVERY_S
+                self._commit_waits(s, decisions.waits, rows, estimates)
             elif mono >= self._waits_due:
                 self._waits_due = mono + WAITS_EVERY_S
                 if waits_later:
@@ -470,8 +526,11 @@ class SchedulingCycle:
             with self.store.tx() as s:
                 self._commit_waits(s, waits[i:i + WAITS_WRITE_CHUNK], rows)
 
-    def _commit_waits(self, s: Session, waits, rows: Mapping[int, tuple]) -> None:
-        """Write only the pending reasons and estimated starts that changed (one batched UPDATE)."""
+    def _commit_waits(self, s: Session, waits, rows: Mapping[int, tuple], estimates: bool = True) -> None:
+        """Write only the pending reasons, words and estimated starts that changed (one batched
+        UPDATE). Without `estimates`, a job whose reason stays is not written: its words and
+        estimated start name the jobs ahead of it and when they end, and move with every start
+        and end (a job written for its reason gets its new words and estimate too)."""
         changed = []
         for w in waits:
             reason, est, held, detail = rows[w.job_id]
@@ -482,7 +541,7 @@ class SchedulingCycle:
                 refined = self.refine_reason(w.job_id)
                 if refined:
                     new, words = refined, ""
-            if reason != new or est != w.estimated_start or (detail or "") != words:
+            if reason != new or (estimates and (est != w.estimated_start or (detail or "") != words)):
                 changed.append({"b_id": w.job_id, "b_reason": new, "b_est": w.estimated_start,
                                 "b_detail": words, "b_held": held})
         if changed:

@@ -99,7 +99,7 @@ class QueueView:
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     nodes: tuple[NodeView, ...]
-    pending: tuple[JobView, ...]
+    pending: tuple[JobView, ...]  # both in any order: a pass orders them itself
     running: tuple[JobView, ...]
     queues: Mapping[str, QueueView] = field(default_factory=dict)
     # final state of jobs that pending jobs depend on (id -> "COMPLETED", "FAILED", ...)

@@ -1,6 +1,6 @@
 """Cost per event: an agent's `started`, a job's end (`exited` -> COMPLETED), a node's resync after
-hello, and a housekeeping tick (time limits, unreachable nodes) with 10 and with 10,000 active
-jobs; the tick's full read of every active job's deadlines (at the first tick, then every 5
+hello, a housekeeping tick (time limits, unreachable nodes) with 10 and with 10,000 active
+jobs, and a scheduling cycle after one submission with as many jobs pending as active; the tick's full read of every active job's deadlines (at the first tick, then every 5
 minutes) is shown apart. The daemon's own code runs in this process on a real SQLite database; the nodes' links are
 not connected (what would be sent to them is dropped), so only the daemon's work is timed, in CPU
 seconds of this process (the figures hold on a busy machine). Run:
@@ -100,6 +100,51 @@ def measure(active: int) -> dict[str, float]:
             "housekeeping tick": med(ticks), "housekeeping full read": med(full), "telemetry": med(tele)}
 
 
+def cycle_after_a_submission(backlog: int, cycles: int = 30) -> float:
+    """A scheduling cycle as the daemon's loop runs it, after one more job was submitted, with
+    `backlog` jobs RUNNING on full nodes and as many PENDING (8-GPU jobs: none fits)."""
+    import math
+
+    from sqlalchemy import insert
+
+    from scheduler.config import DaemonConfig
+    from scheduler.daemon import Daemon
+    from scheduler.daemon.caller import Caller
+    from scheduler.daemon.jobs import JobRequest
+    from scheduler.models import Job, Node
+    from scheduler.server import tune_gc
+
+    home = Path(tempfile.mkdtemp(prefix="trainyard-bench-events-"))
+    d = Daemon(DaemonConfig(db=str(home / "trainyard.db")), home)
+    d.prepare()
+    d.links.connected = lambda name: True  # no agents: the rows are what the cycle reads
+    now = time.time()
+    names = [f"gpu-{i:04d}" for i in range(math.ceil(backlog / GPUS))]
+    nodes = [Node(name=n, address="127.0.0.1", port=1, gpus_total=GPUS, gpu_indices=list(range(GPUS)), cpus=96,
+                  mem_mb=1_048_576, state="UP", created_at=now).model_dump() for n in names]
+    rows = [Job(id=j, name=f"train-{j}", user="ana", queue="default", state="RUNNING", command=["sleep", "1000"],
+                gpus=1, time_limit_s=3600, submit_time=now - 60, eligible_time=now - 60, start_time=now - 30,
+                allocation=[{"node": names[(j - 1) // GPUS], "gpus": [(j - 1) % GPUS]}]).model_dump()
+            for j in range(1, backlog + 1)]
+    rows += [Job(id=j, name=f"wait-{j}", user="bo", queue="default", state="PENDING", command=["true"], gpus=GPUS,
+                 time_limit_s=3600, submit_time=now - 10, eligible_time=now - 10).model_dump()
+             for j in range(backlog + 1, 2 * backlog + 1)]
+    with d.store.tx() as s:
+        s.execute(insert(Node.__table__), nodes)
+        s.execute(insert(Job.__table__), rows)
+    d.store.load_index()
+    tune_gc()
+    d.cycle.run_once(waits_later=True)  # the first cycle reads everything whole
+    caller = Caller("bo", "user")
+    times = []
+    for _ in range(cycles):
+        d.jobs.submit(caller, JobRequest(command=["true"], gpus=GPUS, time_limit_s=3600))
+        times.append(timed(d.cycle.run_once, True))
+        d.cycle.waits_pending = None  # the loop builds a long backlog's waits off the loop, now and then
+    d.engine.dispose()
+    return statistics.median(times)
+
+
 def main() -> None:
     sizes = [int(a) for a in sys.argv[1:]] or [10, 10_000]
     print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f}")
@@ -109,6 +154,9 @@ def main() -> None:
     print(f"  {'event':<28}" + "".join(f"{n:>12,}" for n in sizes))
     for k in kinds:
         print(f"  {k:<28}" + "".join(f"{results[n][k] * 1000:>10.2f}ms" for n in sizes))
+    cycles = {n: cycle_after_a_submission(n) for n in sizes}
+    print(f"  {'cycle after a submission':<28}" + "".join(f"{cycles[n] * 1000:>10.2f}ms" for n in sizes)
+          + "   (as many jobs PENDING as active, none fits)")
 
 
 if __name__ == "__main__":

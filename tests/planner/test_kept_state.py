@@ -1,6 +1,7 @@
 """What a caller keeps between passes (pending order, running jobs' ends, node table) never
 changes a decision: a long run of passes over views that persist, as a replay and the daemon
-hand them over, decides exactly as passes that start from nothing."""
+hand them over, decides exactly as passes that start from nothing, and the order in which the
+views come does not matter either."""
 
 import random
 from dataclasses import replace
@@ -19,6 +20,7 @@ def _replay(preset: str, steps: int, seed: int) -> tuple[int, int, int]:
     node changes. Every pass is planned twice, warm and cold, and the two must be equal
     (starts, preemptions, waits with their reasons and estimates, cancellations)."""
     rng = random.Random(seed)
+    mix = random.Random(seed + 1)  # its own, so that the replay is the one it was
     policy = PolicyConfig.preset(preset)
     memo = PendingOrder()
     ledger = UsageLedger(3600.0)
@@ -55,6 +57,10 @@ def _replay(preset: str, steps: int, seed: int) -> tuple[int, int, int]:
         warm = plan(s, now, policy, memo)
         cold = plan(s, now, policy)
         assert warm == cold, f"{preset}: pass {step} differs with a kept state"
+        # the daemon hands its views over in no particular order (kept by id, not sorted)
+        mixed = Snapshot(s.nodes, tuple(mix.sample(s.pending, len(s.pending))),
+                         tuple(mix.sample(s.running, len(s.running))), usage=usage)
+        assert plan(mixed, now, policy) == cold, f"{preset}: pass {step} depends on the views' order"
         for st in warm.starts:
             view = pending.pop(st.job_id)
             for name, gpus in st.allocation:

@@ -48,8 +48,9 @@ def planned(cycle: SchedulingCycle, d: Daemon, now: float):
         snap, rows = cycle.snapshot(s, now)
     if snap is None:
         return None
-    return ([(v.id, v.priority, v.held, v.nice, v.time_limit_s, v.gpus) for v in snap.pending],
-            dict(rows), [(v.id, v.start_time, v.allocation, v.preempted_at) for v in snap.running],
+    # in no particular order: the planner orders them (tests/planner/test_kept_state.py)
+    return (sorted((v.id, v.priority, v.held, v.nice, v.time_limit_s, v.gpus) for v in snap.pending),
+            dict(rows), sorted((v.id, v.start_time, v.allocation, v.preempted_at) for v in snap.running),
             [(n.name, n.free_gpus, n.schedulable, n.labels) for n in snap.nodes])
 
 
@@ -97,11 +98,14 @@ def test_the_kept_backlog_equals_a_full_read_after_every_kind_of_change(daemon):
     for step in range(400):
         clock.advance(rng.uniform(0.1, 5))
         op = rng.choice(("submit", "submit", "array", "hold", "release", "priority", "limit",
-                         "cancel", "start", "end", "requeue", "cycle", "node"))
+                         "cancel", "start", "end", "requeue", "cycle", "node", "begin"))
         try:
             if op == "submit" or not ids:
                 ids.append(d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=rng.randint(0, 2),
                                                            time_limit_s=rng.choice((None, 600))))["id"])
+            elif op == "begin":  # sbatch --begin: not a candidate (BeginTime) until then
+                ids.append(d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=1,
+                                                           slurm={"begin": clock.time() + rng.uniform(1, 30)}))["id"])
             elif op == "array":
                 d.jobs.submit(ADMIN, JobRequest(command=["true"], array="0-3%2"))
                 with d.store.read() as s:
@@ -137,7 +141,9 @@ def test_the_kept_backlog_equals_a_full_read_after_every_kind_of_change(daemon):
             assert planned(d.cycle, d, now) == fresh(d, now), f"after step {step} ({op})"
     with d.store.read() as s:
         states = {j.state for j in s.exec(select(Job)).all()}
+        begun = s.exec(select(Job).where(Job.eligible_time > Job.submit_time)).all()
     assert {m.PENDING, m.RUNNING} <= states and len(ids) > 50  # the mix reached every kind of row
+    assert begun, "some jobs waited for their --begin or a requeue"
 
 
 def reasons(d: Daemon) -> dict[int, tuple]:
@@ -184,6 +190,85 @@ def test_a_long_backlogs_waits_are_built_off_the_loop_and_keep_what_users_did_me
     # the kept rows agree with the database after the write: a full read plans the same
     asyncio.run(d.cycle.write_waits())
     assert planned(d.cycle, d, clock.time()) == fresh(d, clock.time())
+
+
+def _pending_words(d: Daemon) -> dict[int, tuple]:
+    with d.store.read() as s:
+        return {j.id: (j.reason, j.reason_detail, j.estimated_start)
+                for j in s.exec(select(Job).where(Job.state == m.PENDING))}
+
+
+def test_in_the_loop_reasons_are_written_each_cycle_and_their_words_and_estimates_each_second(daemon):
+    """The words of a Priority wait name the job at the head of the queue, and estimates move with
+    every start and end: rewritten each cycle, every pending job's row was written each cycle."""
+    import scheduler.daemon.scheduling as scheduling
+
+    d, clock = daemon
+    d.dispatcher.dispatch = lambda job: None
+    ids = [d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=4, time_limit_s=600))["id"]
+           for _ in range(8)]
+    assert d.cycle.run_once(waits_later=True) == 3  # 3 nodes of 4 GPUs
+    first = _pending_words(d)
+    head = ids[3]
+    assert first[head][0] == "Resources" and first[ids[4]][:2] == ("Priority", f"queue default waits for job {head} first")
+    assert first[head][2] is not None
+    # the head job is cancelled: the next one heads the queue (a new reason), the words of the
+    # jobs behind it change, and so do the estimates
+    d.jobs.act(ADMIN, head, "cancel")
+    clock.advance(0.2)
+    d.cycle.run_once(waits_later=True)
+    now = _pending_words(d)
+    assert now[ids[4]][0] == "Resources" and now[ids[4]][2] is not None, "a new reason is written at once"
+    assert now[ids[5]] == first[ids[5]], "words alone wait for the next second"
+    clock.advance(scheduling.ESTIMATES_EVERY_S)
+    d.cycle.run_once(waits_later=True)
+    assert _pending_words(d)[ids[5]][:2] == ("Priority", f"queue default waits for job {ids[4]} first")
+    # outside the loop (scontrol, tests) a cycle writes everything
+    d.jobs.act(ADMIN, ids[4], "cancel")
+    d.cycle.run_once()
+    assert _pending_words(d)[ids[6]][:2] == ("Priority", f"queue default waits for job {ids[5]} first")
+    assert planned(d.cycle, d, clock.time()) == fresh(d, clock.time())
+
+
+def test_a_cycle_reads_and_writes_what_changed_not_the_backlog(tmp_path, monkeypatch):
+    """With 50 or 1,000 jobs waiting, the cycle after one more submission runs as many
+    statements and decodes one job: the backlog is kept between cycles, not read again."""
+    from sqlalchemy import event
+
+    import scheduler.daemon.scheduling as scheduling
+
+    decoded = []
+    real = scheduling.job_view
+    monkeypatch.setattr(scheduling, "job_view", lambda r: decoded.append(r) or real(r))
+
+    def cost(base, backlog: int) -> tuple[int, int]:
+        d, clock = make_daemon(base / "home")
+        d.dispatcher.dispatch = lambda job: None
+        for _ in range(backlog):  # each takes the whole cluster: one runs, the backlog waits
+            d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=4, nodes=3))
+        d.cycle.run_once(waits_later=True)
+        clock.advance(5)
+        d.cycle.run_once(waits_later=True)  # the reasons are written: nothing changes any more
+        d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=4, nodes=3))
+        clock.advance(0.1)
+        statements = []
+
+        def seen(conn, cursor, statement, params, context, executemany):
+            statements.append(statement)
+
+        decoded.clear()
+        event.listen(d.engine, "before_cursor_execute", seen)
+        try:
+            d.cycle.run_once(waits_later=True)
+        finally:
+            event.remove(d.engine, "before_cursor_execute", seen)
+        with d.store.tx() as s:
+            assert len(d.cycle.snapshot(s, clock.time())[0].pending) == backlog
+        d.engine.dispose()
+        return len(statements), len(decoded)
+
+    few, many = cost(tmp_path / "few", 50), cost(tmp_path / "many", 1000)
+    assert few == many and few[1] == 1, (few, many)
 
 
 def _job_reads(d: Daemon, fn) -> int:
