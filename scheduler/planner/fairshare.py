@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 
+from .changes import added
 from .types import JobView
 
 LN2 = math.log(2.0)
@@ -32,12 +33,17 @@ class UsageLedger:
         # values are kept as of a reference time, so decaying them all costs one power
         self._ref: float | None = None
         self._value: dict[str, float] = {}
-        # id(running view) -> (view, start, GPUs x half-life / ln 2, user key, team key)
-        self._running: dict[int, tuple[JobView, float | None, float, str, str]] = {}
+        # The running jobs' use so far, summed per key in closed form. A run of c = GPUs x h / ln 2
+        # since `start` is worth c * (1 - 2^-((now - start) / h)) at `now`, which is
+        # c - 2^-((now - r) / h) * c * 2^((start - r) / h) for any reference time r: each key
+        # keeps the sums of c and of c * 2^((start - r) / h) over its running jobs, and a call
+        # adds and takes away only the jobs that came or went since the last one.
+        self._running: dict[int, tuple] = {}  # id(view) -> (view, start, c, w, user key, team key)
+        self._later: dict[int, tuple] = {}  # the same, for runs that start after the last call's `now`
+        self._sums: dict[str, list] = {}  # key -> [sum of c, sum of w, running jobs]
+        self._run_ref: float | None = None  # r, for the sums of w
         self._team_of: Callable[[JobView], str] | None = None
-        # the running jobs of the last call, and their entries that can add usage
-        self._last: object = None
-        self._runs: list[tuple[JobView, float, float, str, str]] = []
+        self._last: object = None  # the running jobs of the last call
 
     def _scale(self, now: float) -> float:
         """What a unit stored at the reference time is worth at `now` (>= 1 for later charges)."""
@@ -87,44 +93,84 @@ class UsageLedger:
         else:
             get = self._value.get
             out = {key: get(key, 0.0) * k for key in keys}
-        # run_value() inlined (the same arithmetic), with what each running job's value needs
-        # besides the time (its keys, GPUs x half-life / ln 2) kept between calls
         if team_of != self._team_of:
             self._team_of = team_of
-            self._running = {}
-            self._last = None
+            self._running, self._later, self._sums, self._last = {}, {}, {}, None
         if not isinstance(running, (list, tuple)):
             running = list(running)
-        known = self._running
-        if len(known) > 2 * len(running) + 1024:  # forget jobs that have left
-            ids = set(map(id, running))
-            self._running = known = {k: e for k, e in known.items() if k in ids}
-        h = self.half_life_s
-        get = out.get
         if running is not self._last or not isinstance(running, tuple):
             # (a caller that hands over the same tuple again skips this)
-            entry = known.get
-            runs = []
-            for job in running:
-                e = entry(id(job))
-                if e is None or e[0] is not job:
-                    gpus = job.gpus * job.nodes
-                    team = team_of(job) if team_of else (job.account or "default")
-                    e = known[id(job)] = (job, job.start_time,
-                                          gpus * h / LN2 if gpus > 0 else 0.0,
-                                          user_key(job.user), team_key(team))
-                if e[1] is not None and e[2] > 0:
-                    runs.append(e)
-            self._last, self._runs = running, runs
-        for _, start, c, uk, tk in self._runs:
-            if now <= start:
-                continue
-            v = c * (1.0 - 2.0 ** (-(now - start) / h))
-            if v <= 0:
-                continue
-            out[uk] = get(uk, 0.0) + v
-            out[tk] = get(tk, 0.0) + v
+            self._follow(running, now, team_of)
+            self._last = running
+        if self._later:
+            for key in [key for key, e in self._later.items() if e[1] < now]:  # their runs began
+                e = self._running[key] = self._later.pop(key)
+                self._sum(e, +1)
+        if self._sums:
+            k = 2.0 ** (-(now - self._run_ref) / self.half_life_s)
+            get = out.get
+            for key, (c, w, _) in self._sums.items():
+                v = c - k * w
+                if v > 0:
+                    out[key] = get(key, 0.0) + v
         return out
+
+    def _follow(self, running: list | tuple, now: float, team_of: Callable[[JobView], str] | None) -> None:
+        """Bring the per-key sums from the last call's running jobs to these (by identity)."""
+        ids = set(map(id, running))
+        known, later = self._running, self._later
+        for key in (known.keys() | later.keys()) - ids:
+            e = later.pop(key, None)
+            if e is None:
+                self._sum(known.pop(key), -1)
+        new = ids - known.keys() - later.keys()
+        if not new:
+            return
+        h = self.half_life_s
+        if self._run_ref is None:
+            self._run_ref = now
+        elif (now - self._run_ref) / h > 64:  # keep 2^((start - r) / h) in range
+            self._rebase(now)
+        for job in added(running, new):
+            gpus = job.gpus * job.nodes
+            if job.start_time is None or gpus <= 0:
+                known[id(job)] = (job, None, 0.0, 0.0, "", "")  # uses nothing
+                continue
+            team = team_of(job) if team_of else (job.account or "default")
+            c = gpus * h / LN2
+            e = (job, job.start_time, c, c * 2.0 ** ((job.start_time - self._run_ref) / h),
+                 user_key(job.user), team_key(team))
+            if job.start_time < now:
+                known[id(job)] = e
+                self._sum(e, +1)
+            else:  # it uses nothing before its start
+                later[id(job)] = e
+
+    def _sum(self, e: tuple, sign: int) -> None:
+        _, start, c, w, uk, tk = e
+        if start is None:
+            return
+        for key in (uk, tk):
+            s = self._sums.get(key)
+            if s is None:
+                s = self._sums[key] = [0.0, 0.0, 0]
+            s[2] += sign
+            if s[2] == 0:  # no run left: exactly nothing, whatever the rounding of the sums
+                del self._sums[key]
+            else:
+                s[0] += sign * c
+                s[1] += sign * w
+
+    def _rebase(self, now: float) -> None:
+        """Move the reference time of the sums of w to `now`."""
+        h = self.half_life_s
+        f = 2.0 ** (-(now - self._run_ref) / h)
+        self._run_ref = now
+        for table in (self._running, self._later):
+            for key, (job, start, c, w, uk, tk) in list(table.items()):
+                table[key] = (job, start, c, w * f, uk, tk)
+        for s in self._sums.values():
+            s[1] *= f
 
 
 def fairshare_factor(usage: float, total_usage: float, shares: float, total_shares: float) -> float:

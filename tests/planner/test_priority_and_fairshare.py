@@ -107,3 +107,43 @@ def test_decayed_usage_counts_what_running_jobs_used_so_far():
 def test_ledger_refuses_negative_charges():
     with pytest.raises(ValueError, match="gpu_seconds"):
         UsageLedger().charge("a", "t", -1, 0)
+
+
+def test_the_running_jobs_usage_kept_between_calls_equals_each_runs_value():
+    """The ledger keeps per-key sums of the running jobs' use and looks only at the jobs that
+    came or went: after any mix of arrivals, ends, views replaced, runs that start later, and
+    months between calls, each key's usage is what run_value gives for its runs (plus charges)."""
+    import random
+
+    rng = random.Random(5)
+    ledger = UsageLedger(3600.0)
+    running: list = []
+    now, next_id = 1000.0, 1
+    for step in range(600):
+        now += rng.choice((0.5, 30.0, 600.0, 3600.0 * 24 * 40)) if step % 50 == 49 else rng.uniform(0, 60)
+        for _ in range(rng.randint(0, 3)):  # arrivals, some of them starting later
+            start = now + rng.choice((-300.0, -1.0, 0.0, 5.0, 200.0))
+            running.append(job(next_id, gpus=rng.choice((0, 1, 8)), user=rng.choice(("ann", "bo", "cy")),
+                               nodes=rng.choice((1, 2)), account=rng.choice(("vision", "nlp")),
+                               start_time=start))
+            next_id += 1
+        if running and rng.random() < 0.5:  # an end: charged as finished
+            done = running.pop(rng.randrange(len(running)))
+            if done.start_time < now:
+                ledger.charge_run(done.user, done.account, done.gpus * done.nodes, done.start_time, now)
+        if running and rng.random() < 0.2:  # a job's view replaced (its row changed)
+            i = rng.randrange(len(running))
+            running[i] = job(running[i].id, gpus=running[i].gpus, user=running[i].user, nodes=running[i].nodes,
+                             account=running[i].account, start_time=running[i].start_time, priority=step)
+        usage = ledger.decayed(now, tuple(running) if step % 2 else list(running))
+        fresh = UsageLedger(3600.0)
+        fresh._ref, fresh._value = ledger._ref, ledger._value  # the same charges, no kept runs
+        expected = fresh.decayed(now)
+        for r in running:
+            v = ledger.run_value(r.gpus * r.nodes, r.start_time, now)
+            if v > 0:
+                for key in (f"user:{r.user}", f"team:{r.account}"):
+                    expected[key] = expected.get(key, 0.0) + v
+        assert usage.keys() == expected.keys(), step
+        for key, v in expected.items():
+            assert usage[key] == pytest.approx(v, rel=1e-9, abs=1e-6), (step, key)
