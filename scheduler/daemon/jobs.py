@@ -169,11 +169,18 @@ class JobService:
         done = []
         try:
             with self.store.tx() as s:
+                batch: list = []  # checked single jobs, inserted together (in order)
                 for caller, req, fut in group:
                     try:  # a refusal is raised before the job wrote anything: the others go on
-                        done.append((fut, caller, req, self._submit_in(s, caller, req)))
+                        if req.array:  # its tasks need its id: after the jobs before it
+                            done += self._insert_batch(s, batch)
+                            batch = []
+                            done.append((fut, caller, req, self._submit_in(s, caller, req)))
+                        else:
+                            batch.append((fut, caller, req, self._checked(s, caller, req)[0]))
                     except DomainError as e:
                         done.append((fut, caller, req, e))
+                done += self._insert_batch(s, batch)
         except Exception as e:  # the commit failed: none of the group is stored
             for _, _, fut in group:
                 if not fut.done():
@@ -193,8 +200,48 @@ class JobService:
             self.wake()
         return {**job_json(job, caller), **prediction_json(job, self.policy.backfill_on_prediction)}
 
+    def _insert_batch(self, s: Session, batch: list) -> list:
+        """Insert checked single jobs (fut, caller, req, values) in one statement, in order; their
+        (fut, caller, req, (job, 1)). A group's jobs went in a statement each before, and those
+        statements were most of what a submission cost under many clients."""
+        if not batch:
+            return []
+        table = Job.__table__
+        columns = batch[0][3].keys()
+        if len(batch) == 1 or any(values.keys() != columns for *_, values in batch):
+            # (one statement needs the same columns in every row: they are, as built today)
+            ids = [s.execute(insert(table), values).inserted_primary_key[0] for *_, values in batch]
+        else:
+            ids = s.execute(insert(table).returning(table.c.id, sort_by_parameter_order=True),
+                            [values for *_, values in batch]).scalars().all()
+        return [(fut, caller, req, (self._stored(s, caller, jid, values, None), 1))
+                for (fut, caller, req, values), jid in zip(batch, ids, strict=True)]
+
     def _submit_in(self, s: Session, caller: Caller, req: JobRequest) -> tuple[SimpleNamespace, int]:
         """Check and store one submission in `s`; (the job as stored, its number of tasks)."""
+        values, tasks = self._checked(s, caller, req)
+        table = Job.__table__
+        first = s.execute(insert(table), values).inserted_primary_key[0]
+        if req.array:
+            values["array_parent"] = first
+            s.execute(update(table).where(table.c.id == first).values(array_parent=first))
+            if len(tasks) > 1:
+                s.execute(insert(table), [{**values, "array_task_id": t} for t in tasks[1:]])
+        return self._stored(s, caller, first, values, len(tasks) if req.array else None), len(tasks)
+
+    def _stored(self, s: Session, caller: Caller, first: int, values: dict[str, Any],
+                tasks: int | None) -> SimpleNamespace:
+        """The job as stored with id `first`, its `job.submit` event recorded in `s`."""
+        job = SimpleNamespace(id=first, start_time=None, end_time=None, exit_code=None,
+                              estimated_start=None, **values)
+        self.store.record(s, caller.user, "job.submit", str(first),
+                          {"queue": job.queue, "gpus": job.gpus, "nodes": job.nodes, "state": job.state,
+                           "tasks": tasks}, caller.address)
+        return job
+
+    def _checked(self, s: Session, caller: Caller, req: JobRequest) -> tuple[dict[str, Any], tuple]:
+        """Check one submission and build its row (DomainError when it is refused); with its
+        array's task ids ((None,) for a single job)."""
         if req.priority > 0 and not caller.at_least("operator"):
             raise Forbidden(f"a positive --priority needs the operator role; {caller.user} is {caller.role}")
         if req.nice < 0 and not caller.at_least("operator"):
@@ -238,19 +285,7 @@ class JobService:
         if req.slurm.get("begin") and req.slurm["begin"] > now:
             values["eligible_time"] = req.slurm["begin"]
             values["reason"] = values["reason"] or "BeginTime"
-        table = Job.__table__
-        first = s.execute(insert(table), values).inserted_primary_key[0]
-        if req.array:
-            values["array_parent"] = first
-            s.execute(update(table).where(table.c.id == first).values(array_parent=first))
-            if len(tasks) > 1:
-                s.execute(insert(table), [{**values, "array_task_id": t} for t in tasks[1:]])
-        job = SimpleNamespace(id=first, start_time=None, end_time=None, exit_code=None,
-                              estimated_start=None, **values)
-        self.store.record(s, caller.user, "job.submit", str(first),
-                          {"queue": job.queue, "gpus": job.gpus, "nodes": job.nodes, "state": job.state,
-                           "tasks": len(tasks) if req.array else None}, caller.address)
-        return job, len(tasks)
+        return values, tasks
 
     def _check_account(self, caller: Caller, account: str | None) -> None:
         """A user charges only a team they belong to; operators and admins may charge any."""
