@@ -212,6 +212,9 @@ class SchedulingCycle:
         self._max_id = 0  # new jobs have higher ids: read with `id > _max_id`
         self._changed: tuple[set[int], set[int]] = (set(), set())  # not yet applied: pending, active
         self._begins: dict[int, float] = {}  # pending jobs not eligible at submission: id -> eligible time
+        self._pending_version = 0  # bumped whenever _pending_cache changes
+        self._pending_tuple: tuple[tuple, tuple[JobView, ...]] = ((-1, frozenset()), ())  # (key, views)
+        self._active_tuple: tuple[int, tuple[JobView, ...]] = (-1, ())  # (Allocated.version, views)
         self._full_read_at = 0.0
         self._node_rows: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
         self._waits_due = 0.0  # when a long backlog's reasons are written again
@@ -228,7 +231,7 @@ class SchedulingCycle:
         self._wake.set()
 
     # ---------------------------------------------------------------- 1. snapshot
-    def pending_views(self, s: Session, now: float | None = None) -> tuple[list[JobView], Mapping[int, tuple]]:
+    def pending_views(self, s: Session, now: float | None = None) -> tuple[tuple[JobView, ...], Mapping[int, tuple]]:
         """The pending jobs as JobViews, decoded only when new or changed since the last cycle.
 
         While a job stays PENDING only its priority, nice, hold and time limit (`scontrol update`)
@@ -241,13 +244,15 @@ class SchedulingCycle:
         if touched is None:  # a full read: every row is checked, and what left is dropped
             for jid in cache.keys() - kept.keys():
                 del cache[jid]
+            self._pending_version += 1
             begins.clear()
             touched = kept.keys()
         missing = []
         for jid in touched:
             row = kept.get(jid)
             if row is None:
-                cache.pop(jid, None)
+                if cache.pop(jid, None) is not None:
+                    self._pending_version += 1
                 begins.pop(jid, None)
                 continue
             hit = cache.get(jid)
@@ -268,6 +273,7 @@ class SchedulingCycle:
                     cache.pop(jid, None)
                 else:
                     cache[jid] = (_pending_key(kept[jid]), job_view(r))
+            self._pending_version += 1
         later = ()
         if now is not None and begins:  # --begin: not a candidate before its time (Slurm's BeginTime)
             later = [jid for jid, at in begins.items() if at > now and kept[jid][_PENDING_AT["held"]] == ""]
@@ -277,14 +283,19 @@ class SchedulingCycle:
                 self._note_reasons({jid: {"reason": BEGIN_TIME} for jid in waiting})
             for jid in [jid for jid, at in begins.items() if at <= now]:
                 del begins[jid]  # its time came: a candidate like any other from now on
-        if later:
-            skip = set(later)
-            views = [v for jid, (_, v) in cache.items() if jid not in skip]
-        else:
-            views = list(map(_second, cache.values()))
-        return views, WaitColumns(self._pending_light or {})
+        # the same tuple as last time when nothing changed: the planner and the ledger skip
+        # their own look at it (they compare by identity)
+        key = (self._pending_version, frozenset(later))
+        if self._pending_tuple[0] != key:
+            if later:
+                skip = key[1]
+                views = tuple(v for jid, (_, v) in cache.items() if jid not in skip)
+            else:
+                views = tuple(map(_second, cache.values()))
+            self._pending_tuple = (key, views)
+        return self._pending_tuple[1], WaitColumns(self._pending_light or {})
 
-    def active_views(self, s: Session) -> list[JobView]:
+    def active_views(self, s: Session) -> tuple[JobView, ...]:
         """The active jobs as JobViews, decoded only when new or changed since the last cycle.
 
         A job's request and allocation are fixed while it is active (a requeue bumps its
@@ -319,7 +330,9 @@ class SchedulingCycle:
                     view = job_view(r)
                     cache[jid] = (tuple(x[c.name] for c in ACTIVE_KEY), view)
                     held.add(view)
-        return list(map(_second, cache.values()))
+        if self._active_tuple[0] != held.version:  # (the same tuple as last time: see pending_views)
+            self._active_tuple = (held.version, tuple(map(_second, cache.values())))
+        return self._active_tuple[1]
 
     def _light(self, s: Session, columns: tuple, where, pending: bool) -> tuple[dict[int, tuple], set[int] | None]:
         """The light rows of the pending (or active) jobs by id, and the ids of those read again

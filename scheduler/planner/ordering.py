@@ -35,6 +35,7 @@ class PendingOrder:
 
     def __init__(self):
         self._sig: object = None
+        self._synced: tuple | None = None  # the tuple of the last sync (tuples do not change)
         self._entries: dict[int, tuple] = {}  # job id -> (class, entry)
         self._runs: dict[tuple, list[tuple]] = {}  # class -> sorted [(*sequence, id, view)]
         self._views: dict[int, JobView] = {}  # id(view) -> view, for every job in the runs
@@ -49,6 +50,9 @@ class PendingOrder:
     def sync(self, pending: Sequence[JobView], sig: object,
              class_of: Callable[[JobView], tuple], seq_of: Callable[[JobView], tuple]) -> None:
         """Bring the runs up to date with `pending`; `sig` names how keys are computed."""
+        if pending is self._synced and sig == self._sig:  # the same tuple again: nothing changed
+            return
+        self._synced = pending if isinstance(pending, tuple) else None
         if sig != self._sig:
             self._sig = sig
             self._entries = {}
