@@ -102,7 +102,8 @@ class Node:
     """One node: sshd as root in its own mount namespace (see the module's docstring)."""
 
     def __init__(self, base: Path, name: str, client_pub: str, home: Path, gpus: int = 4,
-                 sftp: bool = True, path: str = "/usr/local/bin:/usr/bin:/bin", setup: str = ""):
+                 sftp: bool = True, path: str = "/usr/local/bin:/usr/bin:/bin", setup: str = "",
+                 ciphers: str = ""):
         self.name = f"{name}-{uuid.uuid4().hex[:6]}"  # cgroups are named by node: keep them apart
         self.dir = base / name
         self.dir.mkdir(mode=0o711)  # sshd reads authorized_keys as the logging-in account
@@ -110,6 +111,7 @@ class Node:
         self.port = free_port()
         self.home, self.gpus, self.sftp, self.path = home, gpus, sftp, path
         self.setup = setup  # more shell run in the node's namespace before sshd starts
+        self.ciphers = ciphers  # sshd's `Ciphers` (its own default when empty)
         self.host_key = self.dir / "host_ed25519"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.host_key)],
                        check=True)
@@ -155,7 +157,8 @@ class Node:
             SetEnv PATH={self.path}
             MaxStartups 100:30:200
             LogLevel ERROR
-            """) + ("Subsystem sftp internal-sftp\n" if self.sftp else ""))
+            """) + ("Subsystem sftp internal-sftp\n" if self.sftp else "")
+            + (f"Ciphers {self.ciphers}\n" if self.ciphers else ""))
 
     def start(self) -> Node:
         Path("/run/sshd").mkdir(exist_ok=True)

@@ -1,12 +1,13 @@
 """Getting the agent onto a node: node-local state, no SFTP, and a reason for every failure."""
 
+import asyncio
 import json
 import os
 import stat
 import subprocess
 import sys
 
-from scheduler.nodes import agent_bundle
+from scheduler.nodes import SshSettings, SshTarget, agent_bundle, connect
 from scheduler.protocol import PROTOCOL_VERSION
 
 
@@ -111,3 +112,33 @@ def test_a_users_map_naming_root_is_refused_when_the_daemon_starts(base):
     assert r.returncode == 2
     assert "users.alice" in r.stderr
     assert "jobs never run as 'root'; map the user to their own Unix account" in r.stderr
+
+
+def _ciphers(node, key, base) -> tuple[str, str]:
+    """The ciphers a link to `node` runs with, each way, as the daemon connects."""
+    known = base / f"known_hosts-cipher-{node.name}"
+    pub = (node.host_key.parent / (node.host_key.name + ".pub")).read_text().split()
+    known.write_text(f"[127.0.0.1]:{node.port} {pub[0]} {pub[1]}\n")
+
+    async def ask():
+        conn = await connect(SshTarget(node.name, "127.0.0.1", node.port, "root", str(key)),
+                             SshSettings(str(known), connect_timeout_s=5))
+        try:
+            return conn.get_extra_info("send_cipher"), conn.get_extra_info("recv_cipher")
+        finally:
+            conn.close()
+            await conn.wait_closed()
+
+    return asyncio.run(ask())
+
+
+def test_links_run_aes_gcm_where_sshd_offers_it_and_what_a_stricter_sshd_allows(node_factory, client_key, base):
+    # OpenSSH's own first choice is chacha20-poly1305, which costs the daemon several times
+    # more per packet; the daemon asks for AES-GCM first
+    assert _ciphers(node_factory("default-ciphers"), client_key, base) == (
+        "aes128-gcm@openssh.com", "aes128-gcm@openssh.com")
+    only = node_factory("chacha-only", ciphers="chacha20-poly1305@openssh.com")
+    assert _ciphers(only, client_key, base) == (
+        "chacha20-poly1305@openssh.com", "chacha20-poly1305@openssh.com")
+    ctr = node_factory("ctr-only", ciphers="aes256-ctr")
+    assert _ciphers(ctr, client_key, base) == ("aes256-ctr", "aes256-ctr")
