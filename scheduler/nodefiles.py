@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
-import zipfile
 
 # the agent's wake-up socket in its directory: a job step says here that a job's pid or rc file
 # was written, so the agent reports a start or an end at once instead of at its next poll
@@ -62,12 +60,16 @@ def listen_wake(path: str, woken) -> bool:
                 return
             woken()
 
+    import threading  # noqa: PLC0415 - the agent's; the zygote that imports this module has no threads
+
     threading.Thread(target=serve, name="wake", daemon=True).start()
     return True
 
 
 def own_file(rel: str) -> bytes:
     """A file shipped beside this module: in the agent's zip bundle, or in the source tree."""
+    import zipfile  # noqa: PLC0415 - not loaded in the zygote (jobstep imports this module)
+
     here = os.path.dirname(os.path.abspath(__file__))
     if zipfile.is_zipfile(here):
         with zipfile.ZipFile(here) as z:

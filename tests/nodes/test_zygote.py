@@ -264,3 +264,17 @@ def test_the_agent_bundle_forks_supervisors_from_its_zygote(tmp_path, jobs_to_en
         assert agent.wait_for("exited", "1.0")["rc"] == 128 + signal.SIGTERM
     finally:
         agent.close()
+
+
+def test_the_zygote_loads_only_what_a_supervisor_needs(tmp_path):
+    # every job's supervisor is a copy of the zygote: each module it holds is memory that a fork
+    # maps and an exit tears down, per job; a container job's modules are loaded by that job
+    data, digest = agent_bundle()
+    bundle = tmp_path / f"agent-{digest}.pyz"
+    bundle.write_bytes(data)
+    loaded = subprocess.run(
+        ["python3", "-S", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import zygote; "
+         "print(' '.join(sorted(sys.modules)))", str(bundle)],
+        capture_output=True, text=True, check=True).stdout.split()
+    assert {"jobstep", "fencing", "accounts", "nodefiles"} <= set(loaded)
+    assert not {"containers", "subprocess", "threading", "zipfile", "tempfile", "traceback"} & set(loaded)
