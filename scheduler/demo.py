@@ -1,4 +1,4 @@
-"""`trainyard demo`: the daemon on SQLite plus simulated SSH nodes, in one process, fed a trace."""
+"""`trainyard demo`: the daemon on SQLite plus simulated SSH nodes (a process of their own), fed a trace."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from .daemon import Daemon
 from .models import Node
 from .nodes import pin_host_key
 from .server import bind, run, serve
-from .simnode import start_sim_nodes, stop_sim_nodes
+from .simnode import spawn_sim_nodes
 
 # The demo cluster's trainyard.toml: two queues (prod preempts dev) and two teams with quotas
 # that may borrow from each other; the demo writes it to its directory for a reader to see.
@@ -91,9 +91,9 @@ async def start_demo(base: Path, nodes: int, gpus: int, listen: str = "127.0.0.1
     daemon = Daemon(config, base / "home")
     daemon.prepare()
     pub = (daemon.key_path.parent / "id_ed25519.pub").read_text()
-    sims = await start_sim_nodes(base / "nodes", nodes, gpus, pub)
+    sims = await spawn_sim_nodes(base / "nodes", nodes, gpus, pub)
     with daemon.store.tx() as s:
-        for i, sim in enumerate(sims):
+        for i, sim in enumerate(sims.nodes):
             pin_host_key(daemon.known_hosts, "127.0.0.1", sim.port, sim.host_key)
             s.add(Node(name=sim.name, address="127.0.0.1", port=sim.port, user=getpass.getuser(),
                        pool="demo", provider="onprem", gpu_model="NVIDIA H100 80GB HBM3 (simulated)",
@@ -168,7 +168,7 @@ def run_demo(nodes: int, gpus: int, tui: bool, listen: str, workdir: str | None,
                 feeder.cancel()
                 with contextlib.suppress(BaseException):
                     await feeder
-            await stop_sim_nodes(sims)  # and every process their jobs started
+            await sims.stop()  # and every process their jobs started
 
     if tui and not until_ready:
         try:

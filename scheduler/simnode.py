@@ -1,5 +1,9 @@
 """Simulated nodes for the demo and benchmarks: asyncssh servers that run jobs as local processes.
 
+The demo runs them in a process of their own (`spawn_sim_nodes`): a node's SSH server, like a
+real node's sshd, is not the daemon's work, and in the daemon's process each message to or
+from an agent would cost the daemon both ends of the SSH link and the copy to the agent's pipes.
+
 Each node is an SSH server on loopback with its own host key and its own directory. The daemon
 reaches it through the same code path as a real node (SSH, upload of the same agent bundle,
 the agent channel); the agent runs as a real local process of the demo's user. What makes the
@@ -15,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +123,78 @@ async def stop_sim_nodes(nodes: list[SimNode], grace_s: float = 2.0) -> None:
         for proc in list(node.processes):
             if proc.returncode is None:
                 proc.kill()
+
+
+@dataclass
+class NodesProcess:
+    """Simulated nodes served by a process of their own (`python -m scheduler.simnode agents`);
+    `nodes` as `start_sim_nodes` returns them, but with only their public host keys."""
+
+    proc: asyncio.subprocess.Process
+    nodes: list[SimNode]
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """End the nodes and every process they started (as `stop_sim_nodes`), then the process."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(Exception):
+                self.proc.stdin.close()  # end of file: the process stops its nodes and exits
+            try:
+                await asyncio.wait_for(self.proc.wait(), grace_s + 10)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        await asyncio.to_thread(end_processes, [node.root for node in self.nodes], grace_s)
+
+
+async def spawn_sim_nodes(base: Path, count: int, gpus: int, client_public_key: str,
+                          timeout_s: float = 60.0) -> NodesProcess:
+    """`start_sim_nodes` in a process of its own. It ends with its nodes' processes when `stop`
+    is called or when this process goes away (the end of file on its standard input); what it
+    logs goes to `base`/nodes.log."""
+    base.mkdir(parents=True, exist_ok=True)
+    key_file = base / "authorized_key.pub"
+    key_file.write_text(client_public_key)
+    with open(base / "nodes.log", "ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "scheduler.simnode", "agents", str(count), str(gpus), str(base),
+            str(key_file), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log)
+    nodes = []
+    try:
+        while True:
+            line = (await asyncio.wait_for(proc.stdout.readline(), timeout_s)).decode().split()
+            if line == ["ready"]:
+                break
+            if len(line) != 4:
+                raise RuntimeError(f"the simulated nodes did not start (see {base / 'nodes.log'})")
+            name, port, key = line[0], int(line[1]), asyncssh.import_public_key(" ".join(line[2:]))
+            nodes.append(SimNode(name, base / name, gpus, key, port=port))
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise
+    return NodesProcess(proc, nodes)
+
+
+async def serve_sim_nodes(count: int, gpus: int, base: Path, client_public_key: str) -> None:
+    """The process behind `spawn_sim_nodes`: start the nodes, say `NAME PORT HOST_KEY` for each
+    and `ready`, and serve until the end of file on standard input or SIGTERM; then end them."""
+    import signal
+
+    nodes = await start_sim_nodes(base, count, gpus, client_public_key)
+    for n in nodes:
+        print(n.name, n.port, n.host_key.export_public_key().decode().strip())
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's: the daemon stops, then says so here
+        loop.add_signal_handler(sig, lambda: None)
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    eof = asyncio.ensure_future(reader.read())
+    await asyncio.wait([eof, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    await stop_sim_nodes(nodes)
 
 
 def end_processes(roots: list[Path], grace_s: float = 2.0) -> set[int]:
@@ -310,10 +387,13 @@ def main() -> None:
     """`python -m scheduler.simnode COUNT GPUS DIR AUTHORIZED_KEY_FILE`: run a fleet until SIGTERM.
 
     Writes the fleet's host key to DIR/host_key and prints one line per node, `NAME PORT`, then
-    `ready`."""
+    `ready`. With `agents` first: nodes whose agents are processes (`serve_sim_nodes`)."""
     import signal
-    import sys
 
+    if sys.argv[1:2] == ["agents"]:
+        count, gpus, base, pub = int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5])
+        asyncio.run(serve_sim_nodes(count, gpus, base, pub.read_text()))
+        return
     count, gpus, base, pub = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
 
     async def run() -> None:

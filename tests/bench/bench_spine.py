@@ -107,9 +107,9 @@ def main() -> None:
         print(f"API submit throughput with scheduling (2,000 jobs, 32 start, the rest queue): {rate:.0f} jobs/s")
         secs, submitted, cpu = thousand_jobs(url, token, proc.pid)
         print(f"1,000 trivial 1-GPU jobs on the 4-node demo, first submit to last COMPLETED: {secs:.2f} s "
-              f"(the last submit answered after {submitted:.2f} s); CPU per job: daemon {cpu['daemon'] * 1000:.2f} ms "
-              f"(with the demo's simulated SSH servers, which run in its process), the nodes' agents, job "
-              f"supervisors and jobs {cpu['nodes'] * 1000:.2f} ms, this client {cpu['client'] * 1000:.2f} ms")
+              f"(the last submit answered after {submitted:.2f} s); CPU per job: daemon {cpu['daemon'] * 1000:.2f} "
+              f"ms, the nodes (their SSH servers, in a process of their own, agents, job supervisors and jobs) "
+              f"{cpu['nodes'] * 1000:.2f} ms, this client {cpu['client'] * 1000:.2f} ms")
         lat = submit_to_running(url, token)
         print(f"submit -> RUNNING on a warm node ({len(lat)} jobs): p50 {percentile(lat, 50) * 1000:.1f} ms, "
               f"p99 {percentile(lat, 99) * 1000:.1f} ms")

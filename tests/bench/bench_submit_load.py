@@ -62,8 +62,8 @@ async def run(url: str, token: str, pid: int, jobs: int, clients: int) -> None:
           f"{len(set(stored)):,}, answered ids {len(set(ids)):,}, lost {len(lost)}, "
           f"duplicated {len(stored) - len(set(stored))}, COMPLETED {completed:,}; states {by}")
     print(f"CPU per job, first submit to last COMPLETED: daemon {daemon_cpu / len(ids) * 1000:.2f} ms (with "
-          f"the demo's simulated SSH servers, which run in its process); the nodes' agents, job "
-          f"supervisors and jobs {nodes_cpu / len(ids) * 1000:.2f} ms")
+          f"the SSH client's end of each link only); the nodes (their SSH servers, in a process of their "
+          f"own, agents, job supervisors and jobs) {nodes_cpu / len(ids) * 1000:.2f} ms")
 
 
 def main() -> None:

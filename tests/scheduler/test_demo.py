@@ -78,7 +78,21 @@ def processes_of(base: Path, argv: list[str] | None = None) -> list[int]:
 # ------------------------------------------------------------------ stopping ends every job
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def nodes_process(base: Path) -> list[int]:
+    """The demo's simulated nodes' own process (`python -m scheduler.simnode agents ...`)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"scheduler.simnode" in argv and str(base / "demo" / "nodes").encode() in argv:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL],
+                         ids=["SIGTERM", "Ctrl-C", "SIGKILL"])
 def test_stopping_the_demo_ends_every_process_its_jobs_started(tmp_path, sig):
     demo = Demo(tmp_path, "--idle", "--nodes", "1", "--gpus-per-node", "2")
     try:
@@ -86,10 +100,16 @@ def test_stopping_the_demo_ends_every_process_its_jobs_started(tmp_path, sig):
         job = demo.json("submit", "--gpus", "1", "--", "sh", "-c", "setsid sleep 300 & exec sleep 300")
         wait_for(lambda: len(processes_of(tmp_path, ["sleep", "300"])) == 2, 30,
                  what=f"job {job['id']}'s two sleep 300 processes")
+        assert len(nodes_process(tmp_path)) == 1
     finally:
         rc = demo.stop(sig)
-    assert rc == 0
+    if sig == signal.SIGKILL:  # nothing of the demo ran after it: its nodes' process saw it go
+        assert rc == -signal.SIGKILL
+        wait_for(lambda: not processes_of(tmp_path) and not nodes_process(tmp_path), 30,
+                 what="the nodes' process to end the jobs and itself")
+    assert rc in (0, -signal.SIGKILL)
     assert processes_of(tmp_path, ["sleep", "300"]) == []
+    assert nodes_process(tmp_path) == []
 
 
 def test_an_idle_demo_runs_nothing_of_its_own(tmp_path):
