@@ -162,7 +162,16 @@ def _spawn(spec: dict, out_fd: int, err_fd: int):
 def run(job_dir: str) -> int:
     os.chdir(job_dir)
     os.umask(0o077)
-    write_atomic("wpid", str(os.getpid()))
+    me = str(os.getpid())
+    try:
+        with open("wpid") as f:
+            claimed = f.read()
+    except OSError:
+        claimed = ""
+    if claimed != me:  # a fresh interpreter: the agent claimed the directory with its own pid
+        # (a supervisor forked by the zygote claimed it as itself: a file less to create per job,
+        # and on ext4 each new inode is a scan past the recently deleted ones of busy job dirs)
+        write_atomic("wpid", me)
     with open("spec.json") as f:
         spec = json.load(f)
     account = Account.from_dict(spec["account"]) if spec.get("account") else None
