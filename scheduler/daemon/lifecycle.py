@@ -197,10 +197,17 @@ class JobLifecycle:
         return [j for j in jobs if j.state in m.ACTIVE_STATES]
 
     # ---------------------------------------------------------------- signals
-    def signal(self, job: Job, sig: str, skip: frozenset[str] | set[str] = frozenset()) -> None:
-        for a in job.allocation:
-            if a["node"] not in skip:
-                self.links.send(a["node"], {"op": "signal", "key": job_key(job), "sig": sig})
+    def signal(self, s: Session, job: Job, sig: str, skip: frozenset[str] | set[str] = frozenset()) -> None:
+        """Signal the job's ranks (but those on `skip`) once `s` has committed (write-ahead)."""
+        msg = {"op": "signal", "key": job_key(job), "sig": sig}
+        self.send_after(s, [a["node"] for a in job.allocation if a["node"] not in skip], msg)
+
+    def send_after(self, s: Session, nodes: list[str], msg: dict) -> None:
+        """Send `msg` to the agents of `nodes` once `s` has committed, never before: a daemon
+        that dies in between has told no agent what its database does not say (it would end
+        or forget a job whose end it never recorded)."""
+        if nodes:
+            self.store.after_commit(s, lambda: [self.links.send(n, msg) for n in nodes])
 
     def kill(self, s: Session, job: Job, why: str) -> None:
         """Ask a running job to stop: SIGTERM now, SIGKILL after the grace period.
@@ -215,16 +222,16 @@ class JobLifecycle:
         s.add(job)
         if why == "preempt":  # TRAINYARD_PREEMPT_DEADLINE_FILE says when SIGKILL comes
             grace = self.kill_grace_s if job.kill_grace_s is None else job.kill_grace_s
-            for a in job.allocation:
-                self.links.send(a["node"], {"op": "notice", "key": job_key(job), "deadline": job.kill_time + grace})
+            self.send_after(s, [a["node"] for a in job.allocation],
+                            {"op": "notice", "key": job_key(job), "deadline": job.kill_time + grace})
         spec = signal_spec(job) if why == "preempt" else None
         if spec is not None:
             grace = self.kill_grace_s if job.kill_grace_s is None else job.kill_grace_s
-            self.signal(job, spec.sig)
+            self.signal(s, job, spec.sig)
             self.store.record(s, "trainyard", "job.signal", str(job.id),
                               {"sig": spec.sig, "why": "preemption", "deadline": job.kill_time + grace})
             return
-        self.signal(job, "TERM")
+        self.signal(s, job, "TERM")
 
     # ---------------------------------------------------------------- ends
     def rank_ended(self, s: Session, job: Job, node: str, end: RankExit,
@@ -237,14 +244,14 @@ class JobLifecycle:
             if not job.kill_reason:
                 job.kill_reason, job.kill_time = BATCH_END, self.clock.time()
                 s.add(job)
-            self.signal(job, "TERM", skip=set(exits))
+            self.signal(s, job, "TERM", skip=set(exits))
             return
         if len(exits) < len(ranks):
             # one rank of a gang ended early: a failure ends the whole job
             if (end.lost or end.oom or end.rc != 0) and not job.kill_reason:
                 job.kill_reason, job.kill_time = "rank_failed", self.clock.time()
                 s.add(job)
-                self.signal(job, "TERM", skip=set(exits))
+                self.signal(s, job, "TERM", skip=set(exits))
             return
         self.finish(s, job, exits, end_time)
 
@@ -258,7 +265,7 @@ class JobLifecycle:
     def fail_on_node(self, s: Session, job: Job, node: str, why: str) -> None:
         """The daemon gives up on a node: the job ends NODE_FAIL (requeued if retries allow)."""
         job.kill_reason, job.reason = "node_fail", why
-        self.signal(job, "KILL", skip={node})
+        self.signal(s, job, "KILL", skip={node})
         # the ranks elsewhere were killed, not lost: only `node` is excluded from the rerun
         self.finish(s, job, {a["node"]: RankExit(None, lost=a["node"] == node) for a in job.allocation})
 
@@ -282,8 +289,7 @@ class JobLifecycle:
             self.ledger.charge_run(job.user, self.policy.team_of(job), gpus, job.start_time, job.end_time)
         job.exit_code = failed_rc if failed_rc is not None else (codes[0] if codes else None)
         state, reason = self._final_state(job, lost, oom, failed_rc)
-        for n in nodes:
-            self.links.send(n, {"op": "forget", "keys": [key]})
+        self.send_after(s, nodes, {"op": "forget", "keys": [key]})
         if state == "REQUEUE":
             self.requeue(s, job, "requeued by request")
         elif state == m.PREEMPTED:
@@ -396,7 +402,7 @@ class JobLifecycle:
             if job.kill_reason and job.kill_time and now - job.kill_time > grace:
                 job.kill_time = now  # SIGKILL again each grace period until it is gone
                 s.add(job)
-                self.signal(job, "KILL")
+                self.signal(s, job, "KILL")
             elif (not job.kill_reason and job.time_limit_s and job.start_time
                   and now - job.start_time > job.time_limit_s):
                 self.kill(s, job, "timeout")
@@ -412,6 +418,6 @@ class JobLifecycle:
             return
         job.signal_time = now
         s.add(job)
-        self.signal(job, spec.sig)
+        self.signal(s, job, spec.sig)
         self.store.record(s, "trainyard", "job.signal", str(job.id),
                           {"sig": spec.sig, "why": "time limit", "deadline": deadline})
