@@ -71,9 +71,7 @@ FULL_READ_S = 300.0
 # Under a long backlog every pending job's reason and estimated start are worked out again at
 # most this often (building them costs O(backlog) per cycle); a shorter one gets them every cycle
 LONG_BACKLOG = 2000
-# the loop's least and greatest gap between the end of a cycle and the start of the next
-CYCLE_GAP_MIN_S, CYCLE_GAP_MAX_S = 0.002, 0.25
-CYCLE_YIELD_S = 0.0005  # the least wait after a wake-up
+IDLE_PLAN_S = 0.05  # a daemon that planned nothing for this long plans a submission at once
 WAITS_SWITCH_S = 0.0005  # the interpreter's thread switch interval while they are built
 WAITS_WRITE_CHUNK = 500  # pending jobs' reasons written per transaction by write_waits
 WAITS_EVERY_S = 10.0  # (Slurm's backfill works out estimated starts every 30 s by default)
@@ -231,10 +229,6 @@ class SchedulingCycle:
 
     def wake(self) -> None:
         self._wake.set()
-
-    def next_cycle_at(self) -> float:
-        """The perf_counter time before which the loop starts no cycle (see `loop`)."""
-        return self._ended + min(CYCLE_GAP_MAX_S, max(CYCLE_GAP_MIN_S, 3 * self.last_cycle_s))
 
     # ---------------------------------------------------------------- 1. snapshot
     def pending_views(self, s: Session, now: float | None = None) -> tuple[tuple[JobView, ...], Mapping[int, tuple]]:
@@ -580,15 +574,15 @@ class SchedulingCycle:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), idle)
             # Pace the cycles: a burst of submissions is planned together, and scheduling never
-            # takes more than about a quarter of the event loop's time from the API. A cycle
-            # starts no sooner than CYCLE_GAP_MIN_S or 3x the last cycle after the last one
-            # ended, which gathers a busy daemon's submissions into fewer cycles; a daemon whose
-            # last cycle ended longer ago than that plans after CYCLE_YIELD_S: the answer to the
-            # submission that woke it goes out first, and submissions that came together are
-            # planned together. The gap counts from the end of the last cycle, not from the
-            # wake-up: a submission that arrives after a quiet spell does not wait for a gap
-            # that has already passed.
-            await asyncio.sleep(max(CYCLE_YIELD_S, self.next_cycle_at() - time.perf_counter()))
+            # takes more than about a quarter of the event loop's time from the API. A daemon
+            # that planned nothing for IDLE_PLAN_S plans a submission at once (after this turn
+            # of the loop, so that submissions that came together are planned together); a
+            # busy one waits 2 ms or 3x the last cycle, which gathers submissions into fewer
+            # cycles.
+            if time.perf_counter() - self._ended >= max(IDLE_PLAN_S, 10 * self.last_cycle_s):
+                await asyncio.sleep(0)
+            else:
+                await asyncio.sleep(min(0.25, max(0.002, 3 * self.last_cycle_s)))
             self._wake.clear()
             try:
                 self.run_once(waits_later=True)
