@@ -31,15 +31,20 @@ def submit_throughput(url: str, token: str, n: int = 2000, hold: bool = True) ->
     return rate
 
 
-def thousand_jobs(url: str, token: str, pid: int, n: int = 1000) -> tuple[float, float, dict[str, float]]:
+def thousand_jobs(url: str, token: str, pid: int, n: int = 1000,
+                  array: bool = False) -> tuple[float, float, dict[str, float]]:
     """(first submit to last COMPLETED, to the last submit's answer, CPU seconds per job of the
-    daemon, of the nodes and of this client)."""
+    daemon, of the nodes and of this client). With `array`, the jobs are the tasks of one job
+    array, submitted in one request (Slurm's `sbatch --array=0-999`)."""
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
         done0 = c.get("/v1/cluster").json()["jobs_by_state"].get("COMPLETED", 0)
         cpu0, tree0, own0 = cpu_s(pid), tree_cpu_s(pid), time.process_time()
         t0 = now()
-        for _ in range(n):
-            c.post("/v1/jobs", json={"command": ["true"], "gpus": 1}).raise_for_status()
+        if array:  # one request: what the nodes and the daemon take to run them, without the API
+            c.post("/v1/jobs", json={"command": ["true"], "gpus": 1, "array": f"0-{n - 1}"}).raise_for_status()
+        else:
+            for _ in range(n):
+                c.post("/v1/jobs", json={"command": ["true"], "gpus": 1}).raise_for_status()
         submitted = now() - t0
         while True:
             by = c.get("/v1/cluster").json()["jobs_by_state"]
@@ -110,6 +115,9 @@ def main() -> None:
               f"(the last submit answered after {submitted:.2f} s); CPU per job: daemon {cpu['daemon'] * 1000:.2f} "
               f"ms, the nodes (their SSH servers, in a process of their own, agents, job supervisors and jobs) "
               f"{cpu['nodes'] * 1000:.2f} ms, this client {cpu['client'] * 1000:.2f} ms")
+        secs, submitted, cpu = thousand_jobs(url, token, proc.pid, array=True)
+        print(f"the same 1,000 jobs as the tasks of one job array (one request), to the last COMPLETED: "
+              f"{secs:.2f} s; CPU per job: daemon {cpu['daemon'] * 1000:.2f} ms, the nodes {cpu['nodes'] * 1000:.2f} ms")
         lat = submit_to_running(url, token)
         print(f"submit -> RUNNING on a warm node ({len(lat)} jobs): p50 {percentile(lat, 50) * 1000:.1f} ms, "
               f"p99 {percentile(lat, 99) * 1000:.1f} ms")
