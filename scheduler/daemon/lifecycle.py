@@ -206,8 +206,18 @@ class JobLifecycle:
         """Send `msg` to the agents of `nodes` once `s` has committed, never before: a daemon
         that dies in between has told no agent what its database does not say (it would end
         or forget a job whose end it never recorded)."""
-        if nodes:
-            self.store.after_commit(s, lambda: [self.links.send(n, msg) for n in nodes])
+        if not nodes:
+            return
+        if msg["op"] == "forget":  # the ends a transaction records: one forget per node, all keys
+            keys = s.info.get("forget")
+            if keys is None:
+                keys = s.info["forget"] = {}
+                self.store.after_commit(s, lambda: [
+                    self.links.send(n, {"op": "forget", "keys": ks}) for n, ks in keys.items()])
+            for n in nodes:
+                keys.setdefault(n, []).extend(msg["keys"])
+            return
+        self.store.after_commit(s, lambda: [self.links.send(n, msg) for n in nodes])
 
     def kill(self, s: Session, job: Job, why: str) -> None:
         """Ask a running job to stop: SIGTERM now, SIGKILL after the grace period.

@@ -98,3 +98,27 @@ def test_nothing_leaves_when_the_transaction_that_caused_it_rolls_back(daemon):
     assert sent == []
     with d.store.read() as s:
         assert s.get(Job, job_id).kill_reason == ""
+
+
+def test_the_ends_of_one_tick_reach_each_node_as_one_forget_after_their_commit(daemon):
+    """Agent reports that arrive in the same turn of the event loop are committed together; the
+    forgets of the jobs they ended go out as one message per node (one SSH packet, not one per
+    job), each key's job already ended in the database."""
+    import asyncio
+
+    d, clock, sent = daemon
+    jobs = {n: [running(d, clock, [n])[1] for _ in range(3)] for n in ("n1", "n2")}
+
+    async def tick():
+        for n, keys in jobs.items():
+            for key in keys:
+                d.reconciler.on_exited(n, key, RankExit(0), clock.time())
+        await asyncio.sleep(0)  # the reports' flush runs here, once
+
+    asyncio.run(tick())
+    forgets = [(n, msg["keys"]) for n, msg, _ in sent if msg["op"] == "forget"]
+    assert sorted(forgets) == sorted(jobs.items())
+    with d.store.read() as s:
+        for keys in jobs.values():
+            for key in keys:
+                assert s.get(Job, int(key.split(".")[0])).state == m.COMPLETED
