@@ -28,6 +28,7 @@ from ..planner import (
     depends_on,
     plan,
 )
+from ..planner.changes import Views
 from ..planner.ordering import PendingOrder
 from .clock import Clock
 from .dispatch import Dispatcher
@@ -129,6 +130,24 @@ _pending_key = itemgetter(_PENDING_AT["attempt"], _PENDING_AT["priority"], _PEND
                           _PENDING_AT["time_limit_s"])
 
 
+def _moves(dirty: dict[int, JobView | None], cache: dict[int, tuple[tuple, JobView]],
+           skip: frozenset[int]) -> tuple[list[JobView], list[JobView]]:
+    """The views that came and went between the last tuple built from `cache` and the next:
+    `dirty` holds, for each job whose entry changed since, its view in the last tuple (None:
+    none), and `skip` the jobs left out of both."""
+    new, gone = [], []
+    for jid, old in dirty.items():
+        hit = cache.get(jid)
+        cur = hit[1] if hit is not None else None
+        if cur is old or jid in skip:
+            continue
+        if old is not None:
+            gone.append(old)
+        if cur is not None:
+            new.append(cur)
+    return new, gone
+
+
 def view_rows(s: Session, columns, *where) -> list:
     return s.connection().execute(sa_select(*columns).where(*where)).all()
 
@@ -213,8 +232,13 @@ class SchedulingCycle:
         self._changed: tuple[set[int], set[int]] = (set(), set())  # not yet applied: pending, active
         self._begins: dict[int, float] = {}  # pending jobs not eligible at submission: id -> eligible time
         self._pending_version = 0  # bumped whenever _pending_cache changes
-        self._pending_tuple: tuple[tuple, tuple[JobView, ...]] = ((-1, frozenset()), ())  # (key, views)
-        self._active_tuple: tuple[int, tuple[JobView, ...]] = (-1, ())  # (Allocated.version, views)
+        self._pending_tuple: tuple[tuple, Views] = ((-1, frozenset()), Views.of(()))  # (key, views)
+        self._active_tuple: tuple[int, Views] = (-1, Views.of(()))  # (Allocated.version, views)
+        # job id -> its view in the last tuple built (None: it was not there), for the jobs
+        # whose cache entry changed since: what the next tuple says came and went
+        self._pending_dirty: dict[int, JobView | None] = {}
+        self._active_dirty: dict[int, JobView | None] = {}
+        self._dependent: dict[int, JobView] = {}  # the pending views with a dependency, by id
         self._full_read_at = 0.0
         self._node_rows: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
         self._waits_due = 0.0  # when a long backlog's reasons are written again
@@ -240,10 +264,10 @@ class SchedulingCycle:
         looked at (O(changes), not O(backlog)), except on a full read.
         """
         kept, touched = self._light(s, PENDING_LIGHT, _T.state == m.PENDING, pending=True)
-        cache, begins = self._pending_cache, self._begins
+        cache, begins, dirty = self._pending_cache, self._begins, self._pending_dirty
         if touched is None:  # a full read: every row is checked, and what left is dropped
             for jid in cache.keys() - kept.keys():
-                del cache[jid]
+                dirty.setdefault(jid, cache.pop(jid)[1])
             self._pending_version += 1
             begins.clear()
             touched = kept.keys()
@@ -251,7 +275,9 @@ class SchedulingCycle:
         for jid in touched:
             row = kept.get(jid)
             if row is None:
-                if cache.pop(jid, None) is not None:
+                old = cache.pop(jid, None)
+                if old is not None:
+                    dirty.setdefault(jid, old[1])
                     self._pending_version += 1
                 begins.pop(jid, None)
                 continue
@@ -269,9 +295,9 @@ class SchedulingCycle:
                 found[r._mapping["id"]] = r
             for jid in chunk:
                 r = found.get(jid)
-                if r is None:
-                    cache.pop(jid, None)
-                else:
+                old = cache.pop(jid, None)
+                dirty.setdefault(jid, old[1] if old is not None else None)
+                if r is not None:
                     cache[jid] = (_pending_key(kept[jid]), job_view(r))
             self._pending_version += 1
         later = ()
@@ -286,12 +312,27 @@ class SchedulingCycle:
         # the same tuple as last time when nothing changed: the planner and the ledger skip
         # their own look at it (they compare by identity)
         key = (self._pending_version, frozenset(later))
-        if self._pending_tuple[0] != key:
-            if later:
-                skip = key[1]
-                views = tuple(v for jid, (_, v) in cache.items() if jid not in skip)
+        last_key, last = self._pending_tuple
+        if last_key != key:
+            skip = key[1]
+            if skip:
+                jobs = (v for jid, (_, v) in cache.items() if jid not in skip)
             else:
-                views = tuple(map(_second, cache.values()))
+                jobs = map(_second, cache.values())
+            if skip == last_key[1]:  # what came and went is what the cache's entries did
+                new, gone = _moves(dirty, cache, skip)
+                views = Views.of(jobs, last.serial, new, gone)
+                deps = self._dependent
+                for v in gone:
+                    if v.dependency:
+                        deps.pop(v.id, None)
+                for v in new:
+                    if v.dependency:
+                        deps[v.id] = v
+            else:  # a job's --begin came or passed: compared whole by whoever reads them
+                views = Views.of(jobs)
+                self._dependent = {v.id: v for v in views if v.dependency}
+            dirty.clear()
             self._pending_tuple = (key, views)
         return self._pending_tuple[1], WaitColumns(self._pending_light or {})
 
@@ -302,7 +343,7 @@ class SchedulingCycle:
         attempt); what may change is in ACTIVE_KEY, read without decoding any JSON column.
         """
         kept, touched = self._light(s, ACTIVE_LIGHT, _T.state.in_(m.ACTIVE_STATES), pending=False)
-        cache, held = self._active_cache, self._allocated
+        cache, held, dirty = self._active_cache, self._allocated, self._active_dirty
         ids = (kept.keys() | cache.keys()) if touched is None else touched
         missing = []
         for jid in ids:
@@ -310,6 +351,7 @@ class SchedulingCycle:
             if row is None:
                 hit = cache.pop(jid, None)
                 if hit is not None:
+                    dirty.setdefault(jid, hit[1])
                     held.take(hit[1])
                 continue
             hit = cache.get(jid)
@@ -322,6 +364,7 @@ class SchedulingCycle:
                 found[r._mapping["id"]] = r
             for jid in chunk:
                 old = cache.pop(jid, None)
+                dirty.setdefault(jid, old[1] if old is not None else None)
                 if old is not None:
                     held.take(old[1])
                 r = found.get(jid)
@@ -331,7 +374,10 @@ class SchedulingCycle:
                     cache[jid] = (tuple(x[c.name] for c in ACTIVE_KEY), view)
                     held.add(view)
         if self._active_tuple[0] != held.version:  # (the same tuple as last time: see pending_views)
-            self._active_tuple = (held.version, tuple(map(_second, cache.values())))
+            new, gone = _moves(dirty, cache, frozenset())
+            dirty.clear()
+            self._active_tuple = (held.version, Views.of(map(_second, cache.values()),
+                                                         self._active_tuple[1].serial, new, gone))
         return self._active_tuple[1]
 
     def _light(self, s: Session, columns: tuple, where, pending: bool) -> tuple[dict[int, tuple], set[int] | None]:
@@ -435,16 +481,15 @@ class SchedulingCycle:
     def _finish_snapshot(self, s: Session, now: float, pending: list[JobView], active: list[JobView],
                          node_views: tuple[NodeView, ...], rows: Mapping[int, tuple]):
         deps: set[int] = set()
-        for j in pending:
-            if j.dependency:  # most jobs have none: no parsing for them, each cycle
-                deps.update(depends_on(j.dependency))
+        for j in self._dependent.values():  # (kept with the pending views: not a pass over the backlog)
+            deps.update(depends_on(j.dependency))
         finished = {}
         if deps:
             finished = dict(s.exec(select(Job.id, Job.state).where(col(Job.id).in_(deps))).all())
         queues = {q.name: QueueView(q.name, q.priority, q.open, q.default_time_limit_s, q.max_time_limit_s)
                   for q in s.exec(select(Queue)).all()}
         snap = Snapshot(
-            nodes=node_views, pending=tuple(pending), running=tuple(active), queues=queues,
+            nodes=node_views, pending=pending, running=active, queues=queues,
             finished=finished, usage=self.ledger.decayed(now, active, self.policy.team_of),
         )
         return snap, rows

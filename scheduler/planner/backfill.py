@@ -6,7 +6,7 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .changes import added
+from .changes import changes, serial_of
 from .placement import INF, ClusterState, Pool
 from .types import JobView
 
@@ -47,10 +47,11 @@ class RunningEnds:
     gives the same events as with a warm one.
     """
 
-    __slots__ = ("_sig", "_views", "_events", "exclusive")
+    __slots__ = ("_sig", "_seen", "_views", "_events", "exclusive")
 
     def __init__(self):
         self._sig: object = None
+        self._seen: int | None = None  # the serial of the last `running`, when it was a `Views`
         self._views: dict[int, tuple[JobView, list[tuple[float, str, int]]]] = {}  # by id(view)
         self._events: list[tuple[float, str, int]] = []  # (expected end, node, GPUs), sorted
         self.exclusive: dict[int, JobView] = {}  # the running exclusive jobs, left to the pass
@@ -61,28 +62,30 @@ class RunningEnds:
         end, sorted; `end_of` gives a job's expected end (INF: none); `sig` names how."""
         if sig != self._sig:
             self._sig = sig
+            self._seen = None
             self._views = {}
             self._events = []
             self.exclusive = {}
         known, events = self._views, self._events
-        current = set(map(id, running))
-        if len(current) != len(known) or current != known.keys():
-            for key in known.keys() - current:
-                for e in known.pop(key)[1]:
-                    del events[bisect.bisect_left(events, e)]
-                self.exclusive.pop(key, None)
-            for job in added(running, current - known.keys()):
-                key = id(job)
-                mine: list[tuple[float, str, int]] = []
-                if job.exclusive:
-                    self.exclusive[key] = job
-                else:
-                    end = end_of(job)
-                    if end != INF:
-                        mine = [(end, name, len(gpus)) for name, gpus in job.allocation]
-                        for e in mine:
-                            bisect.insort(events, e)
-                known[key] = (job, mine)  # holds the view, so its id is not reused
+        gone, new = changes(running, known.keys(), self._seen)
+        self._seen = None  # (until the change is applied)
+        for key in gone:
+            for e in known.pop(key)[1]:
+                del events[bisect.bisect_left(events, e)]
+            self.exclusive.pop(key, None)
+        for job in new:
+            key = id(job)
+            mine: list[tuple[float, str, int]] = []
+            if job.exclusive:
+                self.exclusive[key] = job
+            else:
+                end = end_of(job)
+                if end != INF:
+                    mine = [(end, name, len(gpus)) for name, gpus in job.allocation]
+                    for e in mine:
+                        bisect.insort(events, e)
+            known[key] = (job, mine)  # holds the view, so its id is not reused
+        self._seen = serial_of(running)
         # a job past its expected end gives its GPUs back now (ordered as of now)
         k = bisect.bisect_right(events, now, key=_end)
         if k == 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 
-from .changes import added
+from .changes import changes, serial_of
 from .types import JobView
 
 LN2 = math.log(2.0)
@@ -44,6 +44,7 @@ class UsageLedger:
         self._run_ref: float | None = None  # r, for the sums of w
         self._team_of: Callable[[JobView], str] | None = None
         self._last: object = None  # the running jobs of the last call
+        self._seen: int | None = None  # their serial, when they were a `Views`
 
     def _scale(self, now: float) -> float:
         """What a unit stored at the reference time is worth at `now` (>= 1 for later charges)."""
@@ -95,7 +96,7 @@ class UsageLedger:
             out = {key: get(key, 0.0) * k for key in keys}
         if team_of != self._team_of:
             self._team_of = team_of
-            self._running, self._later, self._sums, self._last = {}, {}, {}, None
+            self._running, self._later, self._sums, self._last, self._seen = {}, {}, {}, None, None
         if not isinstance(running, (list, tuple)):
             running = list(running)
         if running is not self._last or not isinstance(running, tuple):
@@ -117,13 +118,13 @@ class UsageLedger:
 
     def _follow(self, running: list | tuple, now: float, team_of: Callable[[JobView], str] | None) -> None:
         """Bring the per-key sums from the last call's running jobs to these (by identity)."""
-        ids = set(map(id, running))
         known, later = self._running, self._later
-        for key in (known.keys() | later.keys()) - ids:
+        gone, new = changes(running, lambda: known.keys() | later.keys(), self._seen)
+        self._seen = serial_of(running)
+        for key in gone:
             e = later.pop(key, None)
             if e is None:
                 self._sum(known.pop(key), -1)
-        new = ids - known.keys() - later.keys()
         if not new:
             return
         h = self.half_life_s
@@ -131,7 +132,7 @@ class UsageLedger:
             self._run_ref = now
         elif (now - self._run_ref) / h > 64:  # keep 2^((start - r) / h) in range
             self._rebase(now)
-        for job in added(running, new):
+        for job in new:
             gpus = job.gpus * job.nodes
             if job.start_time is None or gpus <= 0:
                 known[id(job)] = (job, None, 0.0, 0.0, "", "")  # uses nothing

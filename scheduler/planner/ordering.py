@@ -21,7 +21,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator, Sequence
 
 from .backfill import RunningEnds
-from .changes import added
+from .changes import changes, serial_of
 from .placement import NodeTable
 from .preemption import ServiceIndex
 from .types import JobView
@@ -36,6 +36,7 @@ class PendingOrder:
     def __init__(self):
         self._sig: object = None
         self._synced: tuple | None = None  # the tuple of the last sync (tuples do not change)
+        self._seen: int | None = None  # its serial, when it was a `Views`
         self._entries: dict[int, tuple] = {}  # job id -> (class, entry)
         self._runs: dict[tuple, list[tuple]] = {}  # class -> sorted [(*sequence, id, view)]
         self._views: dict[int, JobView] = {}  # id(view) -> view, for every job in the runs
@@ -52,27 +53,26 @@ class PendingOrder:
         """Bring the runs up to date with `pending`; `sig` names how keys are computed."""
         if pending is self._synced and sig == self._sig:  # the same tuple again: nothing changed
             return
-        self._synced = pending if isinstance(pending, tuple) else None
         if sig != self._sig:
             self._sig = sig
+            self._seen = None
             self._entries = {}
             self._runs = {}
             self._views = {}
             self._classes = None
             self.queues = {}
             self.dependent = {}
-        # what changed is found by the views' identities (set operations, not a loop over
-        # the backlog): a job whose view is new is placed again
+        # only the jobs whose views came or went are placed or removed (see changes.py)
         views = self._views
-        current = set(map(id, pending))
-        if len(current) == len(views) and current == views.keys():
-            return
+        gone, new = changes(pending, views.keys(), self._seen)
+        self._synced = pending if isinstance(pending, tuple) else None
+        self._seen = None  # (until the change is applied)
         entries = self._entries
-        for key in views.keys() - current:
+        for key in gone:
             job = views.pop(key)
             self._remove(job.id, entries[job.id])
         runs = self._runs
-        for job in added(pending, current - views.keys()):
+        for job in new:
             key = id(job)
             jid = job.id
             old = entries.get(jid)
@@ -92,6 +92,7 @@ class PendingOrder:
                 self._classes = None
             else:
                 insort(run, entry)
+        self._seen = serial_of(pending)
 
     def _remove(self, jid: int, old: tuple) -> None:
         cls, entry = old

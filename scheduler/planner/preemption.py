@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from operator import itemgetter
 
-from .changes import added
+from .changes import changes, serial_of
 from .placement import INF, ClusterState, Pool
 from .types import JobView
 
@@ -89,10 +89,11 @@ class ServiceIndex:
     gives the same answer as a warm one.
     """
 
-    __slots__ = ("_sig", "_views", "_groups", "_always", "_starts")
+    __slots__ = ("_sig", "_seen", "_views", "_groups", "_always", "_starts")
 
     def __init__(self):
         self._sig: object = None
+        self._seen: int | None = None  # the serial of the last `running`, when it was a `Views`
         self._views: dict[int, tuple[JobView, int, tuple | None]] = {}  # by id(view)
         self._groups: dict[int, list[tuple[float, int, int]]] = {}  # GPUs -> sorted (-A, id, key)
         self._always: dict[int, JobView] = {}  # jobs whose A is not a finite number
@@ -106,35 +107,37 @@ class ServiceIndex:
         job's A, or None if it may never be evicted; `sig` names how A and `rate` are chosen."""
         if sig != self._sig:
             self._sig = sig
+            self._seen = None
             self._views = {}
             self._groups = {}
             self._always = {}
             self._starts = {}
         known, groups, starts = self._views, self._groups, self._starts
-        current = set(map(id, running))
-        if len(current) != len(known) or current != known.keys():
-            for key in known.keys() - current:
-                _, gpus, entry = known.pop(key)
-                if entry is not None:
-                    lst = groups[gpus]
-                    del lst[bisect.bisect_left(lst, entry)]
-                self._always.pop(key, None)
-                starts.pop(key, None)
-            for job in added(running, current - known.keys()):
-                key = id(job)
-                a = constant(job)
-                start = job.start_time
-                gpus = job.gpus * job.nodes if start is not None else 0
-                entry = None
-                if a is not None:
-                    if math.isfinite(a):
-                        entry = (-a, job.id, key)
-                        bisect.insort(groups.setdefault(gpus, []), entry)
-                        if start is not None:
-                            starts[key] = start
-                    else:
-                        self._always[key] = job
-                known[key] = (job, gpus, entry)  # holds the view, so its id is not reused
+        gone, new = changes(running, known.keys(), self._seen)
+        self._seen = None  # (until the change is applied)
+        for key in gone:
+            _, gpus, entry = known.pop(key)
+            if entry is not None:
+                lst = groups[gpus]
+                del lst[bisect.bisect_left(lst, entry)]
+            self._always.pop(key, None)
+            starts.pop(key, None)
+        for job in new:
+            key = id(job)
+            a = constant(job)
+            start = job.start_time
+            gpus = job.gpus * job.nodes if start is not None else 0
+            entry = None
+            if a is not None:
+                if math.isfinite(a):
+                    entry = (-a, job.id, key)
+                    bisect.insort(groups.setdefault(gpus, []), entry)
+                    if start is not None:
+                        starts[key] = start
+                else:
+                    self._always[key] = job
+            known[key] = (job, gpus, entry)  # holds the view, so its id is not reused
+        self._seen = serial_of(running)
         out = list(self._always.values())
         # a job started after `now` (clocks apart) has had no run yet, not a negative one:
         # the line does not hold for it, so every job is looked at

@@ -10,15 +10,27 @@ import pytest
 from planner_helpers import job
 
 from scheduler.planner import NodeView, PolicyConfig, Snapshot, plan
+from scheduler.planner.changes import Views
 from scheduler.planner.fairshare import UsageLedger
 from scheduler.planner.ordering import PendingOrder
 from scheduler.planner.policy import SIMULATION_PRESETS
 
 
-def _replay(preset: str, steps: int, seed: int) -> tuple[int, int, int]:
+def _views(jobs: tuple, last: Views | None) -> Views:
+    """`jobs` as the daemon hands them over: saying which views came and went since `last`."""
+    if last is None:
+        return Views.of(jobs)
+    before, after = {id(v) for v in last}, {id(v) for v in jobs}
+    return Views.of(jobs, last.serial, [v for v in jobs if id(v) not in before],
+                    [v for v in last if id(v) not in after])
+
+
+def _replay(preset: str, steps: int, seed: int, as_views: bool = False) -> tuple[int, int, int]:
     """Drive `steps` passes like a replay: views are kept and replaced only when their job or
     node changes. Every pass is planned twice, warm and cold, and the two must be equal
-    (starts, preemptions, waits with their reasons and estimates, cancellations)."""
+    (starts, preemptions, waits with their reasons and estimates, cancellations). With
+    `as_views`, the warm pass gets them as `Views` that say what changed (as from the daemon)."""
+    last_pending = last_running = None
     rng = random.Random(seed)
     mix = random.Random(seed + 1)  # its own, so that the replay is the one it was
     policy = PolicyConfig.preset(preset)
@@ -51,11 +63,14 @@ def _replay(preset: str, steps: int, seed: int) -> tuple[int, int, int]:
                 nodes[name] = replace(nodes[name], free_gpus=tuple(free[name]))
             ledger.charge_run(view.user, view.account, view.gpus * view.nodes,
                               view.start_time, now)
-        usage = ledger.decayed(now, tuple(running.values()))
-        s = Snapshot(tuple(nodes.values()), tuple(pending.values()), tuple(running.values()),
-                     usage=usage)
+        pending_now, running_now = tuple(pending.values()), tuple(running.values())
+        if as_views:
+            pending_now = last_pending = _views(pending_now, last_pending)
+            running_now = last_running = _views(running_now, last_running)
+        usage = ledger.decayed(now, running_now)
+        s = Snapshot(tuple(nodes.values()), pending_now, running_now, usage=usage)
         warm = plan(s, now, policy, memo)
-        cold = plan(s, now, policy)
+        cold = plan(Snapshot(s.nodes, tuple(s.pending), tuple(s.running), usage=usage), now, policy)
         assert warm == cold, f"{preset}: pass {step} differs with a kept state"
         # the daemon hands its views over in no particular order (kept by id, not sorted)
         mixed = Snapshot(s.nodes, tuple(mix.sample(s.pending, len(s.pending))),
@@ -77,9 +92,10 @@ def _replay(preset: str, steps: int, seed: int) -> tuple[int, int, int]:
     return started, preempted, len(pending)
 
 
+@pytest.mark.parametrize("as_views", [False, True], ids=["tuples", "views-with-changes"])
 @pytest.mark.parametrize("preset", SIMULATION_PRESETS)
-def test_a_kept_state_decides_as_a_fresh_one_pass_after_pass(preset):
-    started, preempted, backlog = _replay(preset, steps=150, seed=11)
+def test_a_kept_state_decides_as_a_fresh_one_pass_after_pass(preset, as_views):
+    started, preempted, backlog = _replay(preset, steps=150, seed=11, as_views=as_views)
     # the comparison covered real decisions: starts, a backlog (waits, reservations) and,
     # where the policy preempts, preemptions
     assert started >= 40 and backlog >= 20

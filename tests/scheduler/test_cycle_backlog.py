@@ -18,6 +18,10 @@ from scheduler.daemon.jobs import JobRequest
 from scheduler.daemon.lifecycle import RankExit
 from scheduler.daemon.scheduling import SchedulingCycle
 from scheduler.models import Job, Node
+from scheduler.planner import plan
+from scheduler.planner.changes import Views
+from scheduler.planner.fairshare import UsageLedger
+from scheduler.planner.ordering import PendingOrder
 
 ADMIN = Caller("root", "admin")
 
@@ -50,7 +54,7 @@ def planned(cycle: SchedulingCycle, d: Daemon, now: float):
         return None
     # in no particular order: the planner orders them (tests/planner/test_kept_state.py)
     return (sorted((v.id, v.priority, v.held, v.nice, v.time_limit_s, v.gpus) for v in snap.pending),
-            dict(rows), sorted((v.id, v.start_time, v.allocation, v.preempted_at) for v in snap.running),
+            dict(rows), dict(snap.finished), sorted((v.id, v.start_time, v.allocation, v.preempted_at) for v in snap.running),
             [(n.name, n.free_gpus, n.schedulable, n.labels) for n in snap.nodes])
 
 
@@ -91,59 +95,109 @@ def end(d: Daemon, job_id: int, rc: int) -> None:
         d.lifecycle.finish(s, job, {"n1": RankExit(rc)})
 
 
+OPS = ("submit", "submit", "array", "hold", "release", "priority", "limit", "cancel", "start", "end",
+       "requeue", "cycle", "node", "begin", "after")
+
+
+def churn(d: Daemon, clock: ManualClock, rng: random.Random, ids: list[int]) -> str:
+    """One random change of the kind users, operators and agents make; its name."""
+    clock.advance(rng.uniform(0.1, 5))
+    op = rng.choice(OPS)
+    try:
+        if op == "submit" or not ids:
+            ids.append(d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=rng.randint(0, 2),
+                                                       time_limit_s=rng.choice((None, 600))))["id"])
+        elif op == "begin":  # sbatch --begin: not a candidate (BeginTime) until then
+            ids.append(d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=1,
+                                                       slurm={"begin": clock.time() + rng.uniform(1, 30)}))["id"])
+        elif op == "after":  # --dependency=afterok:ID
+            ids.append(d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=1,
+                                                       dependency=f"afterok:{rng.choice(ids)}"))["id"])
+        elif op == "array":
+            d.jobs.submit(ADMIN, JobRequest(command=["true"], array="0-3%2"))
+            with d.store.read() as s:
+                ids[:] = [j.id for j in s.exec(select(Job)).all()]
+        elif op in ("hold", "release", "cancel", "requeue"):
+            d.jobs.act(ADMIN, rng.choice(ids), op)
+        elif op == "priority":
+            d.jobs.set_priority(ADMIN, rng.choice(ids), rng.randint(0, 100))
+        elif op == "limit":
+            d.jobs.set_time_limit(ADMIN, rng.choice(ids), rng.choice((60, 3600)))
+        elif op == "node":  # an operator drains a node, or it comes back
+            with d.store.tx() as s:
+                node = s.get(Node, f"n{rng.randint(0, 2)}")
+                node.state = m.DRAINED if node.state == m.UP else m.UP
+                node.labels = {"rack": str(rng.randint(1, 3))}
+                s.add(node)
+        elif op == "start":
+            with d.store.read() as s:
+                waiting = [j.id for j in s.exec(select(Job).where(Job.state == m.PENDING, Job.held == ""))]
+            if waiting:
+                start(d, clock, rng.choice(waiting))
+        elif op == "end":
+            with d.store.read() as s:
+                running = [j.id for j in s.exec(select(Job).where(Job.state == m.RUNNING))]
+            if running:
+                end(d, rng.choice(running), rng.choice((0, 1)))
+        else:
+            d.cycle.run_once()
+    except DomainError:
+        pass  # e.g. releasing a job that is not held: refused, and nothing changed
+    return op
+
+
 def test_the_kept_backlog_equals_a_full_read_after_every_kind_of_change(daemon):
     d, clock = daemon
     rng = random.Random(7)
     ids: list[int] = []
     for step in range(400):
-        clock.advance(rng.uniform(0.1, 5))
-        op = rng.choice(("submit", "submit", "array", "hold", "release", "priority", "limit",
-                         "cancel", "start", "end", "requeue", "cycle", "node", "begin"))
-        try:
-            if op == "submit" or not ids:
-                ids.append(d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=rng.randint(0, 2),
-                                                           time_limit_s=rng.choice((None, 600))))["id"])
-            elif op == "begin":  # sbatch --begin: not a candidate (BeginTime) until then
-                ids.append(d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=1,
-                                                           slurm={"begin": clock.time() + rng.uniform(1, 30)}))["id"])
-            elif op == "array":
-                d.jobs.submit(ADMIN, JobRequest(command=["true"], array="0-3%2"))
-                with d.store.read() as s:
-                    ids[:] = [j.id for j in s.exec(select(Job)).all()]
-            elif op in ("hold", "release", "cancel", "requeue"):
-                d.jobs.act(ADMIN, rng.choice(ids), op)
-            elif op == "priority":
-                d.jobs.set_priority(ADMIN, rng.choice(ids), rng.randint(0, 100))
-            elif op == "limit":
-                d.jobs.set_time_limit(ADMIN, rng.choice(ids), rng.choice((60, 3600)))
-            elif op == "node":  # an operator drains a node, or it comes back
-                with d.store.tx() as s:
-                    node = s.get(Node, f"n{rng.randint(0, 2)}")
-                    node.state = m.DRAINED if node.state == m.UP else m.UP
-                    node.labels = {"rack": str(rng.randint(1, 3))}
-                    s.add(node)
-            elif op == "start":
-                with d.store.read() as s:
-                    waiting = [j.id for j in s.exec(select(Job).where(Job.state == m.PENDING, Job.held == ""))]
-                if waiting:
-                    start(d, clock, rng.choice(waiting))
-            elif op == "end":
-                with d.store.read() as s:
-                    running = [j.id for j in s.exec(select(Job).where(Job.state == m.RUNNING))]
-                if running:
-                    end(d, rng.choice(running), rng.choice((0, 1)))
-            else:
-                d.cycle.run_once()
-        except DomainError:
-            pass  # e.g. releasing a job that is not held: refused, and nothing changed
+        op = churn(d, clock, rng, ids)
         if step % 3 == 0:
             now = clock.time()
             assert planned(d.cycle, d, now) == fresh(d, now), f"after step {step} ({op})"
     with d.store.read() as s:
         states = {j.state for j in s.exec(select(Job)).all()}
         begun = s.exec(select(Job).where(Job.eligible_time > Job.submit_time)).all()
+        dependent = s.exec(select(Job).where(Job.dependency != "")).all()
     assert {m.PENDING, m.RUNNING} <= states and len(ids) > 50  # the mix reached every kind of row
     assert begun, "some jobs waited for their --begin or a requeue"
+    assert dependent, "some jobs depended on others"
+
+
+def test_each_snapshot_says_exactly_what_came_and_went_and_planning_from_that_decides_as_from_nothing(daemon):
+    """The cycle hands the planner its pending and running views as `Views` that say which
+    views came and went since its previous snapshot, so that what the planner keeps between
+    passes follows the changes, not the backlog. The lists must be exact, and a planner state
+    kept from them must decide as a fresh one."""
+    d, clock = daemon
+    rng = random.Random(11)
+    ids: list[int] = []
+    memo = PendingOrder()  # fed only this test's snapshots: the delta path, pass after pass
+    last: dict[str, Views] = {}
+    followed = 0
+    for step in range(400):
+        op = churn(d, clock, rng, ids)
+        now = clock.time()
+        with d.store.tx() as s:
+            snap, _ = d.cycle.snapshot(s, now)
+        if snap is None:
+            continue
+        for kind, views in (("pending", snap.pending), ("running", snap.running)):
+            assert isinstance(views, Views)
+            prev = last.get(kind)
+            if prev is not None and views.base == prev.serial:
+                before, after = {id(v) for v in prev}, {id(v) for v in views}
+                gone, new = {id(v) for v in views.gone}, {id(v) for v in views.new}
+                assert gone == before - after, f"{kind} after step {step} ({op}): what went"
+                assert new == after - before, f"{kind} after step {step} ({op}): what came"
+                followed += 1
+            last[kind] = views
+        assert plan(snap, now, d.policy, memo) == plan(snap, now, d.policy), f"after step {step} ({op})"
+        usage = d.ledger.decayed(now, snap.running, d.policy.team_of)  # followed by its changes
+        cold = UsageLedger(d.ledger.half_life_s)  # the same charges, nothing kept of running jobs
+        cold._ref, cold._value = d.ledger._ref, dict(d.ledger._value)
+        assert cold.decayed(now, tuple(snap.running), d.policy.team_of) == pytest.approx(usage)
+    assert followed > 200  # most snapshots were read as changes of the one before
 
 
 def reasons(d: Daemon) -> dict[int, tuple]:
