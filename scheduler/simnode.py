@@ -125,7 +125,7 @@ async def stop_sim_nodes(nodes: list[SimNode], grace_s: float = 2.0) -> None:
                 proc.kill()
 
 
-NODES_NICE = 5  # the demo's nodes' niceness: see serve_sim_nodes
+NODES_NICE = 19  # the demo's nodes' niceness: see serve_sim_nodes
 
 
 @dataclass
@@ -185,10 +185,11 @@ async def serve_sim_nodes(count: int, gpus: int, base: Path, client_public_key: 
     import signal
 
     # The nodes' work (agents, job supervisors, jobs) yields to the control plane: on a real
-    # cluster the nodes are other machines, while here they share the daemon's cores. At the
-    # same priority, the job ends they send sooner take the daemon's share of the CPU from the
-    # submissions (8 clients, 10,000 jobs, alternating runs: 220-266 jobs/s at nice 0, 263-407
-    # at nice 5; README, Performance).
+    # cluster the nodes are other machines, while here they share the daemon's cores, so they
+    # get what the control plane leaves (the lowest priority). At a higher one, the job ends
+    # they send sooner take the daemon's share of the CPU from the submissions (8 clients,
+    # 10,000 jobs: 220-266 jobs/s at nice 0, 263-407 at nice 5, 570-632 at nice 19; README,
+    # Performance).
     os.nice(NODES_NICE)
     nodes = await start_sim_nodes(base, count, gpus, client_public_key)
     for n in nodes:
