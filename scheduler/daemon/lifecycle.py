@@ -205,19 +205,23 @@ class JobLifecycle:
     def send_after(self, s: Session, nodes: list[str], msg: dict) -> None:
         """Send `msg` to the agents of `nodes` once `s` has committed, never before: a daemon
         that dies in between has told no agent what its database does not say (it would end
-        or forget a job whose end it never recorded)."""
+        a job whose end it never recorded)."""
+        if nodes:
+            self.store.after_commit(s, lambda: [self.links.send(n, msg) for n in nodes])
+
+    def forget_after(self, s: Session, nodes: list[str], key: str) -> None:
+        """Tell the agents of `nodes` to forget the ended job `key` once `s` has committed (see
+        `send_after`). The ends one transaction records reach each node as one `forget` with
+        all their keys."""
         if not nodes:
             return
-        if msg["op"] == "forget":  # the ends a transaction records: one forget per node, all keys
-            keys = s.info.get("forget")
-            if keys is None:
-                keys = s.info["forget"] = {}
-                self.store.after_commit(s, lambda: [
-                    self.links.send(n, {"op": "forget", "keys": ks}) for n, ks in keys.items()])
-            for n in nodes:
-                keys.setdefault(n, []).extend(msg["keys"])
-            return
-        self.store.after_commit(s, lambda: [self.links.send(n, msg) for n in nodes])
+        keys = s.info.get("forget")
+        if keys is None:
+            keys = s.info["forget"] = {}
+            self.store.after_commit(s, lambda: [
+                self.links.send(n, {"op": "forget", "keys": ks}) for n, ks in keys.items()])
+        for n in nodes:
+            keys.setdefault(n, []).append(key)
 
     def kill(self, s: Session, job: Job, why: str) -> None:
         """Ask a running job to stop: SIGTERM now, SIGKILL after the grace period.
@@ -299,7 +303,7 @@ class JobLifecycle:
             self.ledger.charge_run(job.user, self.policy.team_of(job), gpus, job.start_time, job.end_time)
         job.exit_code = failed_rc if failed_rc is not None else (codes[0] if codes else None)
         state, reason = self._final_state(job, lost, oom, failed_rc)
-        self.send_after(s, nodes, {"op": "forget", "keys": [key]})
+        self.forget_after(s, nodes, key)
         if state == "REQUEUE":
             self.requeue(s, job, "requeued by request")
         elif state == m.PREEMPTED:
