@@ -58,6 +58,59 @@ def tree_cpu_s(pid: int) -> float:
     return total(pid, open(f"/proc/{pid}/stat").read().rpartition(")")[2].split())
 
 
+def cpu_by_part(pid: int) -> dict[str, float]:
+    """CPU seconds of a demo (`pid`) by part: the daemon itself; the simulated nodes' SSH
+    servers (their process); the agents; their zygotes; the job supervisors with their jobs
+    (the zygotes' waited-for children and the live ones). An agent's own waited-for children
+    (supervisors it started itself, had a zygote failed) count with the supervisors."""
+    hz = os.sysconf("SC_CLK_TCK")
+    procs: dict[int, tuple[int, list[str], str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rpartition(")")[2].split()
+                cmd = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:  # it ended meanwhile
+                continue
+            procs[int(entry)] = (int(fields[1]), fields, cmd)
+    children: dict[int, list[int]] = {}
+    for p, (ppid, _, _) in procs.items():
+        children.setdefault(ppid, []).append(p)
+    parts = dict.fromkeys(("daemon", "SSH servers", "agents", "zygotes", "supervisors and jobs"), 0.0)
+
+    def own(p: int) -> float:
+        return (int(procs[p][1][11]) + int(procs[p][1][12])) / hz
+
+    def waited(p: int) -> float:
+        return (int(procs[p][1][13]) + int(procs[p][1][14])) / hz
+
+    def tree(p: int) -> float:
+        return own(p) + waited(p) + sum(tree(c) for c in children.get(p, []))
+
+    def walk(p: int) -> None:
+        cmd = procs[p][2]
+        if p == pid:
+            parts["daemon"] += own(p)
+        elif "scheduler.simnode" in cmd:
+            parts["SSH servers"] += own(p)
+        elif cmd.endswith(" zygote ") or cmd.endswith(" zygote"):
+            parts["zygotes"] += own(p)
+            parts["supervisors and jobs"] += waited(p) + sum(tree(c) for c in children.get(p, []))
+            return
+        elif ".pyz" in cmd:
+            parts["agents"] += own(p)
+            parts["supervisors and jobs"] += waited(p)
+        else:  # a supervisor the agent started itself, or anything else below the demo
+            parts["supervisors and jobs"] += tree(p)
+            return
+        for c in children.get(p, []):
+            walk(c)
+
+    if pid in procs:
+        walk(pid)
+    return parts
+
+
 def machine() -> str:
     cpu = "unknown CPU"
     try:

@@ -11,7 +11,7 @@ import threading
 import time
 
 import httpx
-from _harness import ROOT, cpu_s, demo, machine, now, percentile, tree_cpu_s
+from _harness import ROOT, cpu_by_part, cpu_s, demo, machine, now, percentile, tree_cpu_s
 
 
 def submit_throughput(url: str, token: str, n: int = 2000, hold: bool = True) -> float:
@@ -39,6 +39,7 @@ def thousand_jobs(url: str, token: str, pid: int, n: int = 1000,
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
         done0 = c.get("/v1/cluster").json()["jobs_by_state"].get("COMPLETED", 0)
         cpu0, tree0, own0 = cpu_s(pid), tree_cpu_s(pid), time.process_time()
+        parts0 = cpu_by_part(pid)
         t0 = now()
         if array:  # one request: what the nodes and the daemon take to run them, without the API
             c.post("/v1/jobs", json={"command": ["true"], "gpus": 1, "array": f"0-{n - 1}"}).raise_for_status()
@@ -53,6 +54,7 @@ def thousand_jobs(url: str, token: str, pid: int, n: int = 1000,
                 daemon = cpu_s(pid) - cpu0
                 cpu = {"daemon": daemon, "nodes": tree_cpu_s(pid) - tree0 - daemon,
                        "client": time.process_time() - own0}
+                cpu.update({k: v - parts0[k] for k, v in cpu_by_part(pid).items() if k != "daemon"})
                 return took, submitted, {k: v / n for k, v in cpu.items()}
             if now() - t0 > 300:
                 raise SystemExit(f"1,000 jobs did not finish in 300 s: {by}")
@@ -117,7 +119,9 @@ def main() -> None:
               f"{cpu['nodes'] * 1000:.2f} ms, this client {cpu['client'] * 1000:.2f} ms")
         secs, submitted, cpu = thousand_jobs(url, token, proc.pid, array=True)
         print(f"the same 1,000 jobs as the tasks of one job array (one request), to the last COMPLETED: "
-              f"{secs:.2f} s; CPU per job: daemon {cpu['daemon'] * 1000:.2f} ms, the nodes {cpu['nodes'] * 1000:.2f} ms")
+              f"{secs:.2f} s; CPU per job: daemon {cpu['daemon'] * 1000:.2f} ms, the nodes {cpu['nodes'] * 1000:.2f} ms: "
+              + ", ".join(f"{k} {cpu[k] * 1000:.2f}" for k in ("SSH servers", "agents", "zygotes", "supervisors and jobs"))
+              + " ms")
         lat = submit_to_running(url, token)
         print(f"submit -> RUNNING on a warm node ({len(lat)} jobs): p50 {percentile(lat, 50) * 1000:.1f} ms, "
               f"p99 {percentile(lat, 99) * 1000:.1f} ms")
