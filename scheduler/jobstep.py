@@ -22,7 +22,6 @@ import contextlib
 import json
 import os
 import select
-import shutil
 import signal
 import sys
 import time
@@ -131,25 +130,32 @@ def _child(spec: dict, account, out_fd: int, err_fd: int, container=None) -> Non
 def _spawnable(spec: dict, account, container) -> bool:
     """Whether the job needs nothing of `_child` that posix_spawn cannot do: no cgroup to join
     before it runs, no identity to take, no container runtime."""
-    return (container is None and not spec.get("cgroups") and hasattr(os, "posix_spawn")
+    return (container is None and not spec.get("cgroups") and hasattr(os, "posix_spawnp")
             and (account is None or os.geteuid() != 0))
 
 
 def _spawn(spec: dict, out_fd: int, err_fd: int):
-    """Start the job as `_child` would, with posix_spawn (a vfork: no copy of this interpreter,
+    """Start the job as `_child` would, with posix_spawnp (a vfork: no copy of this interpreter,
     about a millisecond less per start); its pid, or None where it cannot start this way (the
-    caller then forks, and `_child` reports why the job cannot run exactly as before)."""
+    caller then forks, and `_child` reports why the job cannot run exactly as before).
+
+    The program is looked up as execvpe does it, on the job's PATH (the C library's search, not
+    shutil.which: in a supervisor forked from the zygote, Python code that creates objects
+    costs page copies). posix_spawnp searches the caller's PATH, so this process (the job's
+    supervisor, nothing else runs in it) takes the job's; a name with a slash is found from the
+    job's working directory, where the job is spawned."""
     argv, env = spec["argv"], spec["env"]
-    # the program execvpe would run: the first executable of that name on the job's PATH
-    path = shutil.which(argv[0], path=os.pathsep.join(os.get_exec_path(env)))
-    if path is None:
-        return None
+    path = env.get("PATH")
+    if path is None:  # both then search /bin:/usr/bin (os.defpath, the C library's default)
+        os.unsetenv("PATH")
+    else:
+        os.putenv("PATH", path)
     here = os.getcwd()
     umask = os.umask(int(spec.get("umask", 0o077)))
     try:
         os.chdir(spec["cwd"])  # the job's working directory is the one it is spawned in
-        return os.posix_spawn(
-            path, argv, env, setsid=True, setsigdef=DEFAULT_SIGNALS,
+        return os.posix_spawnp(
+            argv[0], argv, env, setsid=True, setsigdef=DEFAULT_SIGNALS,
             file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                           (os.POSIX_SPAWN_DUP2, out_fd, 1), (os.POSIX_SPAWN_DUP2, err_fd, 2)])
     except (OSError, TypeError, ValueError):
@@ -159,21 +165,33 @@ def _spawn(spec: dict, out_fd: int, err_fd: int):
         os.chdir(here)
 
 
+def _read(path: str) -> bytes:
+    """A small file's bytes with plain os calls, no file object (see nodefiles.write_atomic)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
 def run(job_dir: str) -> int:
     os.chdir(job_dir)
     os.umask(0o077)
     me = str(os.getpid())
     try:
-        with open("wpid") as f:
-            claimed = f.read()
+        claimed = _read("wpid").decode()
     except OSError:
         claimed = ""
     if claimed != me:  # a fresh interpreter: the agent claimed the directory with its own pid
         # (a supervisor forked by the zygote claimed it as itself: a file less to create per job,
         # and on ext4 each new inode is a scan past the recently deleted ones of busy job dirs)
         write_atomic("wpid", me)
-    with open("spec.json") as f:
-        spec = json.load(f)
+    spec = json.loads(_read("spec.json"))
     account = Account.from_dict(spec["account"]) if spec.get("account") else None
     cgroups = spec.get("cgroups") or []
     log = os.open("log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

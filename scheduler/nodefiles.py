@@ -5,6 +5,7 @@ Standard library only: shipped in the agent's bundle.
 
 from __future__ import annotations
 
+import _socket
 import os
 import socket
 
@@ -16,22 +17,32 @@ WAKE_SOCKET = "wake.sock"
 def write_atomic(path: str, text: str) -> None:
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    try:  # plain os calls, no file object: a supervisor forked from the zygote writes with
+        # each object it creates into pages it shares with the zygote, and each is a page copied
+        data = text.encode()
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
 def wake(path) -> None:
     """Wake the agent listening on `path` (best effort: the agent polls as well, so a wake-up
-    that is lost or refused costs latency, never a report)."""
+    that is lost or refused costs latency, never a report). A bare `_socket.socket`, not the
+    `socket` module's class: a supervisor does this twice a job, see `write_atomic`."""
     if not path:
         return
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.setblocking(False)
-            s.sendto(b"1", path)
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM | _socket.SOCK_NONBLOCK)
+    except OSError:
+        return
+    try:
+        s.sendto(b"1", path)
     except OSError:
         pass
+    finally:
+        s.close()
 
 
 def listen_wake(path: str, woken) -> bool:
