@@ -120,13 +120,18 @@ class UsageLedger:
         """Bring the per-key sums from the last call's running jobs to these (by identity)."""
         known, later = self._running, self._later
         gone, new = changes(running, lambda: known.keys() | later.keys(), self._seen)
-        self._seen = serial_of(running)
+        self._seen = None  # (until the change is applied, as the other planner states do)
         for key in gone:
             e = later.pop(key, None)
             if e is None:
                 self._sum(known.pop(key), -1)
-        if not new:
-            return
+        if new:
+            self._started(new, now, team_of)
+        self._seen = serial_of(running)
+
+    def _started(self, new: list[JobView], now: float, team_of: Callable[[JobView], str] | None) -> None:
+        """Count the jobs that started running since the last call."""
+        known, later = self._running, self._later
         h = self.half_life_s
         if self._run_ref is None:
             self._run_ref = now
