@@ -156,6 +156,38 @@ def test_output_beyond_the_size_cap_is_cut_with_a_note(tmp_path, store):
     assert links.sent[-1][1]["done"]
 
 
+def test_the_cap_counts_a_rank_that_ended_before_another_began(tmp_path, store):
+    """The attempt's bytes are read from its files again when a rank begins after the others
+    ended (nothing is kept in memory for an attempt whose streams all ended)."""
+    links = Sent()
+    logs = LogStore(tmp_path / "logs", store, links, Clock(), max_bytes_per_job=4096)
+    logs.on_output("n1", chunk("7.0", 0, b"x" * 3000, eof=True))
+    assert links.sent[-1] == ("n1", {"op": "output_ack", "key": "7.0", "offset": 3000, "done": True})
+    logs.on_output("n2", chunk("7.0", 0, b"y" * 3000))
+    rank1 = (tmp_path / "logs/7/0/1.out").read_bytes()
+    assert rank1.startswith(b"y" * 1096 + b"\ntrainyard: output cut at 4096 bytes") and b"y" * 1097 not in rank1
+    assert links.sent[-1][1]["done"]
+    logs.on_output("n1", chunk("7.0", 0, b"x" * 3000, eof=True))  # a late duplicate of an ended stream
+    assert (tmp_path / "logs/7/0/0.out").read_bytes() == b"x" * 3000
+    assert links.sent[-1] == ("n1", {"op": "output_ack", "key": "7.0", "offset": 3000, "done": True})
+
+
+def test_the_store_keeps_nothing_for_the_jobs_whose_output_ended(tmp_path, store):
+    """A daemon that has run many jobs holds no per-job state for the ended ones (it grew by an
+    entry per job attempt until the retention period removed its files)."""
+    links = Sent()
+    logs = LogStore(tmp_path / "logs", store, links, Clock())
+    for job in range(100, 1100):
+        logs.record_ranks(job, 0, ["n1"])
+        if job % 2:
+            logs.on_output("n1", chunk(f"{job}.0", 0, f"job {job}\n".encode()))
+        logs.on_output("n1", chunk(f"{job}.0", (len(f"job {job}\n") if job % 2 else 0), b"", eof=True))
+    assert [m["done"] for _, m in links.sent].count(True) == 1000
+    assert (tmp_path / "logs/1099/0/0.out").read_text() == "job 1099\n"
+    assert (tmp_path / "logs/1098/0/0.done").exists() and not (tmp_path / "logs/1098/0/0.out").exists()
+    assert (logs._streams, logs._totals, logs._open, logs._owner) == ({}, {}, {}, {})
+
+
 def test_expired_output_is_removed(tmp_path, store):
     links = Sent()
     logs = LogStore(tmp_path / "logs", store, links, Clock(), retention_days=1)
