@@ -106,6 +106,10 @@ def test_stopping_the_demo_ends_every_process_its_jobs_started(tmp_path, sig):
         assert os.getpriority(os.PRIO_PROCESS, nodes_process(tmp_path)[0]) == lowest
         assert {os.getpriority(os.PRIO_PROCESS, p) for p in processes_of(tmp_path, ["sleep", "300"])} == {lowest}
         assert os.getpriority(os.PRIO_PROCESS, demo.proc.pid) == os.getpriority(os.PRIO_PROCESS, 0)
+        # and the idle policy: they run on what the daemon and its clients leave of the cores
+        job_procs = processes_of(tmp_path, ["sleep", "300"])
+        assert {os.sched_getscheduler(p) for p in [*nodes_process(tmp_path), *job_procs]} == {os.SCHED_IDLE}
+        assert os.sched_getscheduler(demo.proc.pid) == os.sched_getscheduler(0) != os.SCHED_IDLE
     finally:
         rc = demo.stop(sig)
     if sig == signal.SIGKILL:  # nothing of the demo ran after it: its nodes' process saw it go
