@@ -2,7 +2,8 @@
 4-node demo (32 simulated GPUs) runs them. Prints the sustained rate, submit latency percentiles,
 the daemon's and the clients' CPU, the CPU spent per job by the daemon and by the nodes (agents, supervisors, the
 jobs), and whether every job was stored exactly once and ran to COMPLETED. Run:
-    .venv/bin/python tests/bench/bench_submit_load.py [JOBS] [CLIENTS]
+    .venv/bin/python tests/bench/bench_submit_load.py [JOBS] [CLIENTS] [--held]
+With --held the jobs are submitted held: the API alone, nothing is scheduled or run.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from _harness import cpu_s, demo, machine, now, percentile, tree_cpu_s
 from _http import Connection
 
 
-async def client(url: str, token: str, count: int, lat: list[float], ids: list[int]) -> None:
+async def client(url: str, token: str, count: int, lat: list[float], ids: list[int], held: bool) -> None:
     c = await Connection(url, token).open()
-    body = {"command": ["true"], "gpus": 1, "name": "load"}
+    body = {"command": ["true"], "gpus": 1, "name": "load", **({"hold": True} if held else {})}
     try:
         for _ in range(count):
             t0 = now()
@@ -31,19 +32,21 @@ async def client(url: str, token: str, count: int, lat: list[float], ids: list[i
         await c.close()
 
 
-async def run(url: str, token: str, pid: int, jobs: int, clients: int) -> None:
+async def run(url: str, token: str, pid: int, jobs: int, clients: int, held: bool = False) -> None:
     lat: list[float] = []
     ids: list[int] = []
     per = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
     cpu0, tree0, own0, t0 = cpu_s(pid), tree_cpu_s(pid), time.process_time(), now()
-    await asyncio.gather(*(client(url, token, n, lat, ids) for n in per))
+    await asyncio.gather(*(client(url, token, n, lat, ids, held) for n in per))
     wall = now() - t0
     cpu = cpu_s(pid) - cpu0
     own = time.process_time() - own0
     print(f"submitted {len(ids):,} jobs from {clients} clients in {wall:.2f} s: {len(ids) / wall:,.0f} jobs/s; "
           f"latency p50 {percentile(lat, 50) * 1000:.1f} ms, p99 {percentile(lat, 99) * 1000:.1f} ms, "
           f"max {max(lat) * 1000:.1f} ms; daemon CPU {cpu / wall * 100:.0f} % of one core, these clients "
-          f"(one process) {own / wall * 100:.0f} %")
+          f"(one process) {own / wall * 100:.0f} %" + (" (held: the API alone)" if held else ""))
+    if held:
+        return
     c = await Connection(url, token).open()
     deadline = time.monotonic() + 600
     while True:
@@ -69,11 +72,13 @@ async def run(url: str, token: str, pid: int, jobs: int, clients: int) -> None:
 
 
 def main() -> None:
-    jobs = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
-    clients = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+    held = "--held" in sys.argv
+    args = [a for a in sys.argv[1:] if a != "--held"]
+    jobs = int(args[0]) if args else 10_000
+    clients = int(args[1]) if len(args) > 1 else 8
     print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f}")
     with demo(4, 8) as (url, token, proc):
-        asyncio.run(run(url, token, proc.pid, jobs, clients))
+        asyncio.run(run(url, token, proc.pid, jobs, clients, held))
 
 
 if __name__ == "__main__":
