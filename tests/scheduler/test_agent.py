@@ -234,30 +234,31 @@ def test_a_job_started_without_a_second_fork_gets_what_a_forked_one_gets(tmp_pat
 def test_a_job_program_is_found_on_the_jobs_path_and_from_its_directory(tmp_path):
     """The program is looked up as execvpe would: on the PATH of the job's environment (not the
     supervisor's: `id` there is the system's), and a name with a slash from the job's working
-    directory (not the step's)."""
+    directory (not the supervisor's, which is the job's own directory on the node)."""
     tools, work = tmp_path / "tools", tmp_path / "work"
-    tools.mkdir()
-    work.mkdir()
-    for where, name, says in ((tools, "id", "from tools"), (work, "here.sh", "from work")):
-        prog = where / name
-        prog.write_text(f"#!/bin/sh\necho {says} \"$@\" $PWD\n")
-        prog.chmod(0o755)
-    (tmp_path / "here.sh").write_text("#!/bin/sh\necho from the step's directory\n")
-    (tmp_path / "here.sh").chmod(0o755)
-    job = tmp_path / "j5"
-    job.mkdir()
-    (job / "spec.json").write_text(json.dumps({
-        "argv": ["id", "a b"], "env": {"PATH": f"{tools}:/usr/bin:/bin"},
-        "cwd": str(work), "account": None, "cgroups": [], "stdout": None, "stderr": None, "gpus": []}))
+
+    def program(path, says):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f"#!/bin/sh\necho {says} \"$@\" $PWD\n")
+        path.chmod(0o755)
+
+    def run(name, argv, env):
+        job = tmp_path / name
+        program(job / "here.sh", "from the supervisor's directory")
+        (job / "spec.json").write_text(json.dumps({
+            "argv": argv, "env": env, "cwd": str(work), "account": None, "cgroups": [],
+            "stdout": None, "stderr": None, "gpus": []}))
+        subprocess.run([sys.executable, str(AGENT), "wrap", str(job)], check=True, timeout=30)
+        return (job / "rc").read_text(), (job / "log").read_text()
+
+    program(tools / "id", "from tools")
+    program(work / "here.sh", "from work")
     system_id = subprocess.run(["sh", "-c", "command -v id"], capture_output=True, text=True).stdout
     assert system_id.strip() and str(tools) not in system_id
-    subprocess.run([sys.executable, str(AGENT), "wrap", str(job)], check=True, timeout=30)
-    assert ((job / "rc").read_text(), (job / "log").read_text()) == ("0", f"from tools a b {work}\n")
-    rc, out = _wrap(tmp_path, "j6", ["./here.sh", "x"], str(work))
-    assert (rc, out) == ("0", f"from work x {work}\n")
+    assert run("j5", ["id", "a b"], {"PATH": f"{tools}:/usr/bin:/bin"}) == ("0", f"from tools a b {work}\n")
+    assert run("j6", ["./here.sh", "x"], {"PATH": "/usr/bin:/bin"}) == ("0", f"from work x {work}\n")
     # no PATH in the job's environment: /bin:/usr/bin, as execvpe and a shell would search
-    rc, out = _wrap(tmp_path, "j7", ["sh", "-c", "echo ok"], str(work), env={})
-    assert (rc, out) == ("0", "ok\n")
+    assert run("j7", ["sh", "-c", "echo ok"], {}) == ("0", "ok\n")
 
 
 def test_a_job_that_cannot_start_says_why_as_before(tmp_path):
