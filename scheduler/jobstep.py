@@ -145,14 +145,14 @@ def _spawn(spec: dict, out_fd: int, err_fd: int):
     supervisor, nothing else runs in it) takes the job's; a name with a slash is found from the
     job's working directory, where the job is spawned."""
     argv, env = spec["argv"], spec["env"]
-    path = env.get("PATH")
-    if path is None:  # both then search /bin:/usr/bin (os.defpath, the C library's default)
-        os.unsetenv("PATH")
-    else:
-        os.putenv("PATH", path)
     here = os.getcwd()
     umask = os.umask(int(spec.get("umask", 0o077)))
     try:
+        path = env.get("PATH")
+        if path is None:  # both then search /bin:/usr/bin (os.defpath, the C library's default)
+            os.unsetenv("PATH")
+        else:
+            os.putenv("PATH", path)
         os.chdir(spec["cwd"])  # the job's working directory is the one it is spawned in
         return os.posix_spawnp(
             argv[0], argv, env, setsid=True, setsigdef=DEFAULT_SIGNALS,
