@@ -14,16 +14,24 @@ import socket
 WAKE_SOCKET = "wake.sock"
 
 
-def write_atomic(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:  # plain os calls, no file object: a supervisor forked from the zygote writes with
-        # each object it creates into pages it shares with the zygote, and each is a page copied
+def write_file(path: str, text: str, mode: int = 0o600) -> None:
+    """`path` created (or emptied) with `text` in it. Plain os calls, no file object: a supervisor
+    forked from the zygote writes with each object it creates into pages it shares with the
+    zygote, and each is a page copied (and the daemon's file thread holds the interpreter's lock
+    for less)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
         data = text.encode()
         while data:
             data = data[os.write(fd, data):]
     finally:
         os.close(fd)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """`path` replaced with `text` in one step: a reader sees the old file or the new one whole."""
+    tmp = path + ".tmp"
+    write_file(tmp, text)
     os.replace(tmp, path)
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models import ACTIVE_STATES, Job
+from ..nodefiles import write_atomic, write_file
 from .caller import Caller
 from .clock import Clock
 from .errors import DomainError, Forbidden, NotFound
@@ -81,8 +82,11 @@ class LogStore:
         self._open: dict[tuple[int, int], int] = {}
         # the files written once per job (an attempt's nodes.json at dispatch, a stream's .done
         # at its end) are created by one thread, in order, so that the event loop never waits on
-        # the disk for them (a file's creation took 0.3-0.6 ms of the loop under load)
+        # the disk for them (a file's creation took 0.3-0.6 ms of the loop under load). Those
+        # asked for in one turn of the loop go to the thread together, and their callbacks come
+        # back together: two thread switches per burst of dispatches or ends, not per file
         self._files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="logstore")
+        self._queued: list[tuple[Callable[[], None], Callable[[OSError | None], None]]] = []
         self._stopping = False
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
 
@@ -99,13 +103,15 @@ class LogStore:
 
     async def stop(self) -> None:
         self._stopping = True
+        self._hand_over()
         await asyncio.to_thread(self._files.shutdown)  # what was handed to it is written
         if self.shipper:
             await self.shipper.stop()
 
     def _in_background(self, write: Callable[[], None], then: Callable[[OSError | None], None]) -> None:
         """Run `write` on the file thread, then `then(error)` on the event loop (`error`: the
-        OSError it raised, else None). Without a running loop (a direct call), both at once."""
+        OSError it raised, else None), in the order asked. Without a running loop (a direct
+        call), both at once."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -113,11 +119,21 @@ class LogStore:
         if loop is None or self._stopping:  # a direct call, or the daemon stops: write it now
             then(_attempt(write))
             return
+        self._queued.append((write, then))
+        if len(self._queued) == 1:
+            loop.call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        """The writes asked for in this turn of the loop, to the file thread in one piece."""
+        batch, self._queued = self._queued, []
+        if not batch:
+            return
+        loop = asyncio.get_running_loop()
 
         def work() -> None:
-            error = _attempt(write)
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the file is written
-                loop.call_soon_threadsafe(then, error)
+            errors = [_attempt(write) for write, _ in batch]
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the files are written
+                loop.call_soon_threadsafe(_answer, [then for _, then in batch], errors)
 
         self._files.submit(work)
 
@@ -221,16 +237,19 @@ class LogStore:
         self._in_background(lambda: self._record_ranks(job_id, attempt, nodes), then)
 
     def _record_ranks(self, job_id: int, attempt: int, nodes: list[str]) -> None:
-        d = self.attempt_dir(job_id, attempt)
-        try:  # plain os calls on the file thread: it holds the interpreter's lock for less
+        # plain os calls on the file thread: it holds the interpreter's lock for less
+        job_dir = os.path.join(self.root, str(job_id))
+        d = os.path.join(job_dir, str(attempt))
+        try:
+            if attempt == 0:  # the job's first attempt: its directory is new as well
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(job_dir)
             os.mkdir(d)
         except FileExistsError:
             pass
-        except FileNotFoundError:  # the job's first attempt
+        except FileNotFoundError:  # the root went away (or a first attempt numbered otherwise)
             os.makedirs(d, exist_ok=True)
-        tmp = os.path.join(d, NODES_FILE + ".tmp")
-        _write_file(tmp, json.dumps(nodes))
-        os.replace(tmp, os.path.join(d, NODES_FILE))
+        write_atomic(os.path.join(d, NODES_FILE), json.dumps(nodes))
 
     def _stream(self, where: tuple[int, int, int]) -> _Stream:
         st = self._streams.get(where)
@@ -270,8 +289,12 @@ class LogStore:
 
     def _write(self, st: _Stream, data: bytes, node: str) -> bool:
         try:
-            st.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(st.path, "ab") as f:
+            try:
+                f = open(st.path, "ab")
+            except FileNotFoundError:  # the attempt's first output, or its directory was removed
+                st.path.parent.mkdir(parents=True, exist_ok=True)
+                f = open(st.path, "ab")
+            with f:
                 f.write(data)
         except OSError as e:
             with contextlib.suppress(OSError), open(st.path, "ab") as f:
@@ -320,7 +343,7 @@ class LogStore:
                 self.shipper.ship(*where[:2])
 
         done = str(st.path.with_suffix(".done"))
-        self._in_background(lambda: _write_file(done, how), then)
+        self._in_background(lambda: write_file(done, how), then)
 
     def _ack(self, node: str, key: str, offset: int, done: bool = False) -> None:
         self.links.send(node, {"op": "output_ack", "key": key, "offset": offset, "done": done})
@@ -403,15 +426,12 @@ class LogStore:
         self._totals.pop(key, None)
 
 
-def _write_file(path: str, text: str) -> None:
-    """`path` created (or emptied) with `text` in it, as Path.write_text would, in plain os calls."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-    try:
-        data = text.encode()
-        while data:
-            data = data[os.write(fd, data):]
-    finally:
-        os.close(fd)
+def _answer(thens: list[Callable[[OSError | None], None]], errors: list[OSError | None]) -> None:
+    for then, error in zip(thens, errors, strict=True):
+        try:
+            then(error)
+        except Exception:  # one callback's failure does not stop the others'
+            log.exception("after writing a job's log file")
 
 
 def _attempt(write: Callable[[], None]) -> OSError | None:

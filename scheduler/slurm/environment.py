@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from .hostlist import compress
 from .layout import format_tasks_per_node, task_variables, tasks_per_node
@@ -44,6 +45,14 @@ class JobContext:
 def _array_step(indices: tuple[int, ...]) -> int:
     steps = {b - a for a, b in zip(indices, indices[1:], strict=False)}
     return steps.pop() if len(steps) == 1 else 1
+
+
+@lru_cache(maxsize=256)
+def _array_facts(indices: tuple[int, ...]) -> tuple[str, str, str, str]:
+    """SLURM_ARRAY_TASK_MIN, _MAX, _COUNT and _STEP of an array: the same for each of its tasks
+    (worked out once per array, not once per task: O(tasks) each time)."""
+    ordered = tuple(sorted(indices))
+    return str(ordered[0]), str(ordered[-1]), str(len(ordered)), str(_array_step(ordered))
 
 
 def job_environment(ctx: JobContext, node: str) -> dict[str, str]:
@@ -88,13 +97,12 @@ def job_environment(ctx: JobContext, node: str) -> dict[str, str]:
         if ctx.time_limit_s:
             env["SLURM_JOB_END_TIME"] = str(ctx.start_time + ctx.time_limit_s)
     if ctx.array_task_id is not None:
-        indices = ctx.array_indices or (ctx.array_task_id,)
+        low, high, count, step = _array_facts(tuple(ctx.array_indices) or (ctx.array_task_id,))
         env.update({
             "SLURM_ARRAY_JOB_ID": str(ctx.array_job_id if ctx.array_job_id is not None else ctx.job_id),
             "SLURM_ARRAY_TASK_ID": str(ctx.array_task_id),
-            "SLURM_ARRAY_TASK_MIN": str(min(indices)), "SLURM_ARRAY_TASK_MAX": str(max(indices)),
-            "SLURM_ARRAY_TASK_COUNT": str(len(indices)),
-            "SLURM_ARRAY_TASK_STEP": str(_array_step(tuple(sorted(indices)))),
+            "SLURM_ARRAY_TASK_MIN": low, "SLURM_ARRAY_TASK_MAX": high,
+            "SLURM_ARRAY_TASK_COUNT": count, "SLURM_ARRAY_TASK_STEP": step,
         })
     return env
 
