@@ -268,7 +268,7 @@ class LogStore:
                                 size = n
                         elif e.name == done:
                             complete = True
-            except FileNotFoundError:
+            except OSError:  # none yet; or it cannot be read, and writing there says why
                 pass
             st = _Stream(self.rank_path(*where), size, complete)
             self._streams[where] = st

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import shutil
@@ -186,6 +187,35 @@ def test_the_store_keeps_nothing_for_the_jobs_whose_output_ended(tmp_path, store
     assert (tmp_path / "logs/1099/0/0.out").read_text() == "job 1099\n"
     assert (tmp_path / "logs/1098/0/0.done").exists() and not (tmp_path / "logs/1098/0/0.out").exists()
     assert (logs._streams, logs._totals, logs._open, logs._owner) == ({}, {}, {}, {})
+
+
+async def test_files_written_off_the_loop_are_all_written_in_order_and_a_failure_is_reported(tmp_path, store):
+    """In the daemon the per-job files (nodes.json at dispatch, .done at a stream's end) are
+    written on a file thread, those of one turn of the loop together: each job's end is still
+    acknowledged once its .done is on disk, in the order the ends came, and a job whose file
+    cannot be written is reported and not acknowledged as done (its node sends the end again)."""
+    links = Sent()
+    logs = LogStore(tmp_path / "logs", store, links, Clock())
+    (tmp_path / "logs" / "150").write_text("in the way")  # job 150's directory cannot be made
+    jobs = list(range(100, 200))
+    for job in jobs:
+        logs.record_ranks(job, 0, ["n1"])
+    await asyncio.sleep(0.2)
+    for job in jobs:
+        logs.on_output("n1", chunk(f"{job}.0", 0, b"", eof=True))
+    for _ in range(200):
+        if len(links.sent) == len(jobs):
+            break
+        await asyncio.sleep(0.01)
+    await logs.stop()
+    acks = [m for _, m in links.sent]
+    assert [m["key"] for m in acks] == [f"{j}.0" for j in jobs]
+    assert [m["key"] for m in acks if not m["done"]] == ["150.0"]
+    written = [j for j in jobs if (tmp_path / f"logs/{j}/0/nodes.json").exists()]
+    assert written == [j for j in jobs if j != 150]
+    assert all((tmp_path / f"logs/{j}/0/0.done").read_text() == "eof" for j in written)
+    assert "cannot store jobs' output" in logs.problem
+    assert [e.detail["node"] for e in events(store, "logs.problem")] == ["n1"]
 
 
 def test_expired_output_is_removed(tmp_path, store):
