@@ -26,6 +26,9 @@ from .state import StateStore
 from .views import job_json
 
 ACTIONS = ("cancel", "hold", "release", "requeue")
+# built once (see scheduling.py's statements): one job, or a group's jobs with their ids in order
+_JOB_INSERT = insert(Job.__table__)
+_JOB_INSERT_IDS = insert(Job.__table__).returning(Job.__table__.c.id, sort_by_parameter_order=True)
 
 
 @dataclass
@@ -206,14 +209,12 @@ class JobService:
         statements were most of what a submission cost under many clients."""
         if not batch:
             return []
-        table = Job.__table__
         columns = batch[0][3].keys()
         if len(batch) == 1 or any(values.keys() != columns for *_, values in batch):
             # (one statement needs the same columns in every row: they are, as built today)
-            ids = [s.execute(insert(table), values).inserted_primary_key[0] for *_, values in batch]
+            ids = [s.execute(_JOB_INSERT, values).inserted_primary_key[0] for *_, values in batch]
         else:
-            ids = s.execute(insert(table).returning(table.c.id, sort_by_parameter_order=True),
-                            [values for *_, values in batch]).scalars().all()
+            ids = s.execute(_JOB_INSERT_IDS, [values for *_, values in batch]).scalars().all()
         return [(fut, caller, req, (self._stored(s, caller, jid, values, None), 1))
                 for (fut, caller, req, values), jid in zip(batch, ids, strict=True)]
 
@@ -221,7 +222,7 @@ class JobService:
         """Check and store one submission in `s`; (the job as stored, its number of tasks)."""
         values, tasks = self._checked(s, caller, req)
         table = Job.__table__
-        first = s.execute(insert(table), values).inserted_primary_key[0]
+        first = s.execute(_JOB_INSERT, values).inserted_primary_key[0]
         if req.array:
             values["array_parent"] = first
             s.execute(update(table).where(table.c.id == first).values(array_parent=first))

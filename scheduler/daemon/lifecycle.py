@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from sqlalchemy import case, func, or_
+from sqlalchemy import bindparam, case, func, or_
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -107,23 +107,26 @@ class Deadlines:
         self.full_at = -math.inf
 
     @staticmethod
-    def _query(kill_grace_s: float):
+    def _query():
         """(id, deadline, signal, signal_time, kill_reason) of active jobs; the deadline without
-        --signal, worked out by the database: the end of a kill's grace, else the time limit."""
+        --signal, worked out by the database: the end of a kill's grace (the daemon's grace
+        period bound as `grace`), else the time limit. Every active job's, and those of `ids`:
+        built once (a statement built per call cost more than running it)."""
         t = Job.__table__.c
-        deadline = case((t.kill_reason != "", t.kill_time + func.coalesce(t.kill_grace_s, kill_grace_s)),
+        deadline = case((t.kill_reason != "", t.kill_time + func.coalesce(t.kill_grace_s, bindparam("grace"))),
                         (t.time_limit_s > 0, t.start_time + t.time_limit_s), else_=None)
-        return sa_select(t.id, deadline, t.signal, t.signal_time, t.kill_reason).where(
+        every = sa_select(t.id, deadline, t.signal, t.signal_time, t.kill_reason).where(
             t.state.in_(m.ACTIVE_STATES))
+        return every, every.where(t.id.in_(bindparam("ids", expanding=True)))
 
     def _deadlines(self, s: Session, ids: set[int] | None, kill_grace_s: float) -> dict[int, float]:
-        q, run = self._query(kill_grace_s), s.connection().execute
+        (every, of_ids), run = _DEADLINE_READS, s.connection().execute
         if ids is None:
-            rows = run(q).all()
+            rows = run(every, {"grace": kill_grace_s}).all()
         else:
             rows, ids = [], list(ids)
             for i in range(0, len(ids), 500):
-                rows += run(q.where(Job.__table__.c.id.in_(ids[i:i + 500]))).all()
+                rows += run(of_ids, {"grace": kill_grace_s, "ids": ids[i:i + 500]}).all()
         out = {}
         for jid, d, sig, signal_time, kill_reason in rows:
             if d is None:
@@ -167,6 +170,9 @@ class Deadlines:
         return out
 
 
+_DEADLINE_READS = Deadlines._query()
+
+
 class JobLifecycle:
     """Ends jobs: decides each final state in Slurm's words, requeues where allowed, frees nodes."""
 
@@ -193,8 +199,7 @@ class JobLifecycle:
         ids = self.store.active.on(node)
         if not ids:
             return []
-        jobs = s.exec(select(Job).where(col(Job.id).in_(ids))).all()
-        return [j for j in jobs if j.state in m.ACTIVE_STATES]
+        return [j for j in self.store.load_jobs(s, ids).values() if j.state in m.ACTIVE_STATES]
 
     # ---------------------------------------------------------------- signals
     def signal(self, s: Session, job: Job, sig: str, skip: frozenset[str] | set[str] = frozenset()) -> None:

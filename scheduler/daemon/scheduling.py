@@ -12,7 +12,7 @@ from operator import itemgetter
 
 from sqlalchemy import bindparam, func, literal_column, update
 from sqlalchemy import select as sa_select
-from sqlmodel import Session, col, select
+from sqlmodel import Session, select
 
 from .. import models as m
 from ..models import Job, Node, Queue
@@ -80,9 +80,41 @@ WAITS_EVERY_S = 10.0  # (Slurm's backfill works out estimated starts every 30 s 
 # most this often: they move with every start and end, and rewriting every pending job's row
 # each cycle cost more than planning
 ESTIMATES_EVERY_S = 1.0
+# ... and above this many pending jobs, in the daemon's loop, the reasons too at most every
+# REASONS_EVERY_S: a busy daemon plans every few milliseconds, and working out a thousand
+# pending jobs' reasons each time was a tenth of its CPU while an array of 1,000 ran
+REASONS_EVERY_CYCLE = 200
+REASONS_EVERY_S = 0.25
 # pending jobs hold no allocation: skip decoding that JSON column for them
 PENDING_COLUMNS = tuple(literal_column("NULL").label("allocation") if c.name == "allocation" else c
                         for c in VIEW_COLUMNS)
+
+
+# The cycle's statements, built once with their values as bound parameters: SQLAlchemy builds a
+# SELECT (and works out its cache key, column by column) each time one is constructed, and for
+# these 50-column reads that cost three to four times running them.
+def _ids():
+    return bindparam("ids", expanding=True)
+
+
+def _light_reads(columns: tuple, where) -> tuple:
+    """(every row, the rows of `ids`, the rows after id `after`) of `columns` where `where`."""
+    return (sa_select(*columns).where(where), sa_select(*columns).where(_T.id.in_(_ids()), where),
+            sa_select(*columns).where(_T.id > bindparam("after"), where))
+
+
+_PENDING_LIGHT_READS = _light_reads(PENDING_LIGHT, _T.state == m.PENDING)
+_ACTIVE_LIGHT_READS = _light_reads(ACTIVE_LIGHT, _T.state.in_(m.ACTIVE_STATES))
+_PENDING_BY_IDS = sa_select(*PENDING_COLUMNS).where(_T.id.in_(_ids()))
+_VIEWS_BY_IDS = sa_select(*VIEW_COLUMNS).where(_T.id.in_(_ids()))
+_NODE_ROWS = sa_select(*NODE_COLUMNS)
+_MAX_JOB_ID = sa_select(func.max(_T.id))
+_STATES_BY_IDS = sa_select(_T.id, _T.state).where(_T.id.in_(_ids()))
+_QUEUES = select(Queue)
+_WAITS = (update(Job.__table__)
+          .where(_T.id == bindparam("b_id"), _T.state == m.PENDING, _T.held == bindparam("b_held"))
+          .values(reason=bindparam("b_reason"), estimated_start=bindparam("b_est"),
+                  reason_detail=bindparam("b_detail")))
 
 
 def job_view(r) -> JobView:
@@ -150,6 +182,11 @@ def _moves(dirty: dict[int, JobView | None], cache: dict[int, tuple[tuple, JobVi
 
 def view_rows(s: Session, columns, *where) -> list:
     return s.connection().execute(sa_select(*columns).where(*where)).all()
+
+
+def rows_of(s: Session, statement, ids: list[int]) -> list:
+    """The rows of a statement above that reads the jobs `ids`."""
+    return s.connection().execute(statement, {"ids": ids}).all()
 
 
 class Allocated:
@@ -243,6 +280,7 @@ class SchedulingCycle:
         self._node_rows: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
         self._waits_due = 0.0  # when a long backlog's reasons are written again
         self._estimates_due = 0.0  # when a shorter backlog's estimated starts are written again
+        self._reasons_due = 0.0  # when a middling backlog's reasons are written again
         self.waits_pending = None  # (decisions, rows) of a cycle whose waits write_waits builds
         self._ended = 0.0  # perf_counter when the loop's last cycle ended
         self._allocated = Allocated()  # what the views in _active_cache hold, by node
@@ -263,7 +301,7 @@ class SchedulingCycle:
         fetched once. Only the jobs committed transactions touched since the last cycle are
         looked at (O(changes), not O(backlog)), except on a full read.
         """
-        kept, touched = self._light(s, PENDING_LIGHT, _T.state == m.PENDING, pending=True)
+        kept, touched = self._light(s, pending=True)
         cache, begins, dirty = self._pending_cache, self._begins, self._pending_dirty
         if touched is None:  # a full read: every row is checked, and what left is dropped
             for jid in cache.keys() - kept.keys():
@@ -291,7 +329,7 @@ class SchedulingCycle:
         for i in range(0, len(missing), 500):
             chunk = missing[i:i + 500]
             found = {}
-            for r in view_rows(s, PENDING_COLUMNS, _T.id.in_(chunk)):
+            for r in rows_of(s, _PENDING_BY_IDS, chunk):
                 found[r._mapping["id"]] = r
             for jid in chunk:
                 r = found.get(jid)
@@ -342,7 +380,7 @@ class SchedulingCycle:
         A job's request and allocation are fixed while it is active (a requeue bumps its
         attempt); what may change is in ACTIVE_KEY, read without decoding any JSON column.
         """
-        kept, touched = self._light(s, ACTIVE_LIGHT, _T.state.in_(m.ACTIVE_STATES), pending=False)
+        kept, touched = self._light(s, pending=False)
         cache, held, dirty = self._active_cache, self._allocated, self._active_dirty
         ids = (kept.keys() | cache.keys()) if touched is None else touched
         missing = []
@@ -360,7 +398,7 @@ class SchedulingCycle:
         for i in range(0, len(missing), 500):
             chunk = missing[i:i + 500]
             found = {}
-            for r in view_rows(s, VIEW_COLUMNS, _T.id.in_(chunk)):
+            for r in rows_of(s, _VIEWS_BY_IDS, chunk):
                 found[r._mapping["id"]] = r
             for jid in chunk:
                 old = cache.pop(jid, None)
@@ -380,7 +418,7 @@ class SchedulingCycle:
                                                          self._active_tuple[1].serial, new, gone))
         return self._active_tuple[1]
 
-    def _light(self, s: Session, columns: tuple, where, pending: bool) -> tuple[dict[int, tuple], set[int] | None]:
+    def _light(self, s: Session, pending: bool) -> tuple[dict[int, tuple], set[int] | None]:
         """The light rows of the pending (or active) jobs by id, and the ids of those read again
         (None when all were). Read whole on the first cycle and every FULL_READ_S, else kept from
         the last cycle and updated with the jobs committed transactions changed since (plus,
@@ -392,21 +430,21 @@ class SchedulingCycle:
         self._changed[1].update(changed)
         slot = 0 if pending else 1
         kept = self._pending_light if pending else self._active_light
+        every, of_ids, after = _PENDING_LIGHT_READS if pending else _ACTIVE_LIGHT_READS
         touched: set[int] | None
         if kept is None or mono >= self._full_read_at:
-            kept = {r[0]: tuple(r) for r in conn.execute(sa_select(*columns).where(where))}
+            kept = {r[0]: tuple(r) for r in conn.execute(every)}
             touched = None
             if pending:
                 self._full_read_at = mono + FULL_READ_S
                 self._active_light = None  # read whole too, in this cycle
-                self._max_id = max(self._max_id, conn.execute(sa_select(func.max(_T.id))).scalar() or 0)
+                self._max_id = max(self._max_id, conn.execute(_MAX_JOB_ID).scalar() or 0)
         else:
             touched = set(self._changed[slot])
             ids = sorted(touched)
             for i in range(0, len(ids), 500):
                 chunk = ids[i:i + 500]
-                found = {r[0]: tuple(r) for r in conn.execute(sa_select(*columns).where(
-                    _T.id.in_(chunk), where))}
+                found = {r[0]: tuple(r) for r in conn.execute(of_ids, {"ids": chunk})}
                 for jid in chunk:
                     row = found.get(jid)
                     if row is None:
@@ -414,7 +452,7 @@ class SchedulingCycle:
                     else:
                         kept[jid] = row
             if pending:
-                for r in conn.execute(sa_select(*columns).where(_T.id > self._max_id, where)):
+                for r in conn.execute(after, {"after": self._max_id}):
                     kept[r[0]] = tuple(r)
                     touched.add(r[0])
         self._changed[slot].clear()
@@ -453,7 +491,7 @@ class SchedulingCycle:
         # the columns the planner needs, as plain rows: a Node object per node per cycle (and
         # its health-check and telemetry columns) cost more than planning at 1,000 nodes
         if self._node_rows is None or self._node_rows[0] != self.store.nodes_version:
-            self._node_rows = (self.store.nodes_version, view_rows(s, NODE_COLUMNS))
+            self._node_rows = (self.store.nodes_version, s.connection().execute(_NODE_ROWS).all())
         nodes = self._node_rows[1]
         active = self.active_views(s)
         held = self._allocated  # kept in step with `active` by active_views()
@@ -485,9 +523,9 @@ class SchedulingCycle:
             deps.update(depends_on(j.dependency))
         finished = {}
         if deps:
-            finished = dict(s.exec(select(Job.id, Job.state).where(col(Job.id).in_(deps))).all())
+            finished = dict(rows_of(s, _STATES_BY_IDS, list(deps)))
         queues = {q.name: QueueView(q.name, q.priority, q.open, q.default_time_limit_s, q.max_time_limit_s)
-                  for q in s.exec(select(Queue)).all()}
+                  for q in s.exec(_QUEUES).all()}
         snap = Snapshot(
             nodes=node_views, pending=pending, running=active, queues=queues,
             finished=finished, usage=self.ledger.decayed(now, active, self.policy.team_of),
@@ -524,13 +562,15 @@ class SchedulingCycle:
                 started.append(job)
             mono = self.clock.monotonic()
             if len(snap.pending) < LONG_BACKLOG:
-                # reasons every cycle; their words ("waits for job N first") and estimated
-                # starts, which move with every start and end, at most every ESTIMATES_EVERY_S
-                # in the daemon's loop
+                # reasons every cycle (every REASONS_EVERY_S above REASONS_EVERY_CYCLE pending
+                # jobs); their words ("waits for job N first") and estimated starts, which move
+                # with every start and end, at most every ESTIMATES_EVERY_S in the daemon's loop
                 estimates = not waits_later or mono >= self._estimates_due
-                if estimates:
-                    self._estimates_due = mono + ESTIMATES_EVERY_S
-                self._commit_waits(s, decisions.waits, rows, estimates)
+                if estimates or len(snap.pending) <= REASONS_EVERY_CYCLE or mono >= self._reasons_due:
+                    if estimates:
+                        self._estimates_due = mono + ESTIMATES_EVERY_S
+                    self._reasons_due = mono + REASONS_EVERY_S
+                    self._commit_waits(s, decisions.waits, rows, estimates)
             elif mono >= self._waits_due:
                 self._waits_due = mono + WAITS_EVERY_S
                 if waits_later:
@@ -603,11 +643,7 @@ class SchedulingCycle:
                 changed.append({"b_id": w.job_id, "b_reason": new, "b_est": w.estimated_start,
                                 "b_detail": words, "b_held": held})
         if changed:
-            t = Job.__table__
-            s.execute(update(t).where(t.c.id == bindparam("b_id"), t.c.state == m.PENDING,
-                                      t.c.held == bindparam("b_held"))
-                      .values(reason=bindparam("b_reason"), estimated_start=bindparam("b_est"),
-                              reason_detail=bindparam("b_detail")), changed)
+            s.execute(_WAITS, changed)
             self._note_reasons({c["b_id"]: {"reason": c["b_reason"], "estimated_start": c["b_est"],
                                             "reason_detail": c["b_detail"]} for c in changed})
 

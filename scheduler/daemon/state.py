@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from itertools import chain
 from types import SimpleNamespace
 
-from sqlalchemy import event, insert
+from sqlalchemy import bindparam, event, insert
 from sqlalchemy import select as sa_select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
@@ -22,6 +22,12 @@ from .clock import Clock
 log = logging.getLogger("trainyard.daemon")
 
 STREAM_BACKLOG_MAX = 10000  # a reader this far behind is dropped rather than grow without bound
+
+# built once, their values bound at each execution: constructing a statement (and working out
+# its cache key) each time cost more than running it (see scheduling.py's statements)
+_JOBS_BY_IDS = sm_select(Job).where(col(Job.id).in_(bindparam("ids", expanding=True)))
+_EVENT_INSERT = insert(Event.__table__)
+_EVENT_INSERT_IDS = insert(Event.__table__).returning(Event.__table__.c.id, sort_by_parameter_order=True)
 
 
 class ActiveIndex:
@@ -173,7 +179,7 @@ class StateStore:
         ids = sorted(set(ids))
         out: dict[int, Job] = {}
         for i in range(0, len(ids), 500):
-            for job in s.exec(sm_select(Job).where(col(Job.id).in_(ids[i:i + 500]))).all():
+            for job in s.exec(_JOBS_BY_IDS, params={"ids": ids[i:i + 500]}).all():
                 out[job.id] = job
         return out
 
@@ -190,13 +196,11 @@ class StateStore:
         """A transaction's events in one Core INSERT (executemany; ids returned in order): events
         are written on every change, and a statement each (with the ORM flush each one forced
         before it) cost more than the rows."""
-        t = Event.__table__
         if len(events) == 1:  # the common case: a plain INSERT costs less than one with RETURNING
             ev = events[0]
-            ev["id"] = s.execute(insert(t), ev).inserted_primary_key[0]
+            ev["id"] = s.execute(_EVENT_INSERT, ev).inserted_primary_key[0]
             return
-        ids = s.execute(insert(t).returning(t.c.id, sort_by_parameter_order=True),
-                        events).scalars().all()
+        ids = s.execute(_EVENT_INSERT_IDS, events).scalars().all()
         for ev, eid in zip(events, ids, strict=True):
             ev["id"] = eid
 

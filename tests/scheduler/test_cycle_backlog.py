@@ -284,6 +284,33 @@ def test_in_the_loop_reasons_are_written_each_cycle_and_their_words_and_estimate
     assert planned(d.cycle, d, clock.time()) == fresh(d, clock.time())
 
 
+def test_in_the_loop_a_middling_backlogs_reasons_are_written_every_quarter_second(daemon, monkeypatch):
+    """Above REASONS_EVERY_CYCLE pending jobs the daemon's loop works the reasons out at most every
+    REASONS_EVERY_S (a cycle every few milliseconds rebuilt all of them each time); a cycle run
+    outside the loop still writes them at once."""
+    import scheduler.daemon.scheduling as scheduling
+
+    monkeypatch.setattr(scheduling, "REASONS_EVERY_CYCLE", 3)
+    d, clock = daemon
+    d.dispatcher.dispatch = lambda job: None
+    ids = [d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=4, time_limit_s=600))["id"]
+           for _ in range(9)]
+    assert d.cycle.run_once(waits_later=True) == 3  # 3 nodes of 4 GPUs; 6 wait
+    head = ids[3]
+    assert _pending_words(d)[head][0] == "Resources" and _pending_words(d)[ids[4]][0] == "Priority"
+    d.jobs.act(ADMIN, head, "cancel")
+    clock.advance(scheduling.REASONS_EVERY_S / 2)
+    d.cycle.run_once(waits_later=True)
+    assert _pending_words(d)[ids[4]][0] == "Priority", "within the quarter second the reasons wait"
+    clock.advance(scheduling.REASONS_EVERY_S / 2)
+    d.cycle.run_once(waits_later=True)
+    assert _pending_words(d)[ids[4]][0] == "Resources", "the next cycle after it writes them"
+    d.jobs.act(ADMIN, ids[4], "cancel")
+    d.cycle.run_once()  # outside the loop (scontrol, tests): at once
+    assert _pending_words(d)[ids[5]][0] == "Resources"
+    assert planned(d.cycle, d, clock.time()) == fresh(d, clock.time())
+
+
 def test_a_cycle_reads_and_writes_what_changed_not_the_backlog(tmp_path, monkeypatch):
     """With 50 or 1,000 jobs waiting, the cycle after one more submission runs as many
     statements and decodes one job: the backlog is kept between cycles, not read again."""
@@ -304,7 +331,7 @@ def test_a_cycle_reads_and_writes_what_changed_not_the_backlog(tmp_path, monkeyp
         clock.advance(5)
         d.cycle.run_once(waits_later=True)  # the reasons are written: nothing changes any more
         d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=4, nodes=3))
-        clock.advance(0.1)
+        clock.advance(scheduling.REASONS_EVERY_S)  # the new job's reason is due in both
         statements = []
 
         def seen(conn, cursor, statement, params, context, executemany):
