@@ -18,16 +18,24 @@ define install
 	  echo "installing with pip"; $(BIN)/pip install -q $(1); fi
 endef
 
+# uv writes no bytecode (nor does Python where PYTHONDONTWRITEBYTECODE is set): compile our
+# packages and what the demo imports once, not in every process that starts (the CLI, the
+# daemon, each node's agent)
+define compile
+	@env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m compileall -q scheduler tui >/dev/null
+	@env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -c 'import scheduler.demo, scheduler.server, tui.app'
+endef
+
 # the runtime only: what the daemon, CLI, TUI and demo need (no test tools)
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	$(call install,-e .)
-	@# uv writes no bytecode: compile what the demo imports once, not on every start
-	@env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -c 'import scheduler.demo, scheduler.server, tui.app'
+	$(compile)
 	@touch $@
 
 # the runtime and the dev extra: tests, linters, benchmarks
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(call install,-e '.[dev]')
+	$(compile)
 	@touch $(DEMO_STAMP) $@
 
 ## demo: a local daemon on SQLite with 4 simulated SSH nodes of 8 GPUs busy with a slice of a

@@ -38,6 +38,7 @@ CHUNK = 16384
 MAX_PENDING_INPUT = 2**20  # typed bytes the session's program has not read yet; more is dropped
 JOB_CHECK_S = 0.5  # how often a session looks whether its job has ended
 HANGUP_GRACE_S = 2.0  # SIGHUP, then SIGKILL this long after
+DRAIN_S = 0.05  # an ended process's terminal closes after it has been quiet this long
 
 
 class PtyError(Exception):
@@ -129,7 +130,7 @@ class PtySession:
                     break
                 if self.fd in r and not self._read_output(window):
                     break
-                if self.status is not None and window > 0 and self.fd not in r:
+                if self.status is not None and window > 0 and self.fd not in r and not self._more_output():
                     break
                 now = time.monotonic()
                 if hangup_at is not None and now - hangup_at > HANGUP_GRACE_S and self.status is None:
@@ -141,6 +142,13 @@ class PtySession:
                         self.hang_up(f"job {self.key.partition('.')[0]} ended")
         finally:
             self._close()
+
+    def _more_output(self) -> bool:
+        """Whether the terminal of an ended process has more to say. What the process wrote just
+        before it ended can still be on its way to the master side (the kernel hands a pty's
+        output over in a worker of its own), and a turn of the loop woken by the daemon (an
+        ack, a resize) says nothing about it: wait a moment for it before closing."""
+        return bool(select.select([self.fd], [], [], DRAIN_S)[0])
 
     def _read_output(self, window: int) -> bool:
         try:
