@@ -38,14 +38,18 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def allowed_methods(app, scope) -> list[str]:
-    """Every method some route serves at this path (Starlette's own 405 names only the first route's)."""
+    """Every method served at this path (Starlette's own 405 names only the first route's): those
+    of the most specific path that matches it (`/v1/nodes/import` is not `/v1/nodes/{name}`)."""
     from starlette.routing import Match
 
-    methods: set[str] = set()
+    by_path: dict[str, set[str]] = {}
     for route in app.router.routes:
         match, _ = route.matches({**scope, "method": "\x00"})
         if match == Match.PARTIAL and getattr(route, "methods", None):
-            methods |= set(route.methods)
+            by_path.setdefault(route.path, set()).update(route.methods)
+    if not by_path:
+        return []
+    methods = by_path[min(by_path, key=lambda path: path.count("{"))]
     if "GET" in methods:
         methods.add("HEAD")
     return sorted(methods)

@@ -73,12 +73,20 @@ class Strict(BaseModel):
         return data
 
     @classmethod
-    def _kinds(cls, name: str) -> set:
-        f = cls.model_fields.get(name)
-        if f is None:
-            return set()
-        kinds = set(get_args(f.annotation)) | {f.annotation}
-        return {a for k in kinds for a in (get_args(k) or (k,))} - {type(None)}
+    def _kinds(cls, name: str) -> frozenset:
+        """The types a field's annotation admits (worked out once per model and field: every
+        request body asks for each of its fields)."""
+        kinds = _KINDS.get((cls, name))
+        if kinds is None:
+            f = cls.model_fields.get(name)
+            if f is None:  # not a field (refused as such): nothing kept for it
+                return frozenset()
+            union = set(get_args(f.annotation)) | {f.annotation}
+            kinds = _KINDS[cls, name] = frozenset({a for k in union for a in (get_args(k) or (k,))} - {type(None)})
+        return kinds
+
+
+_KINDS: dict[tuple[type, str], frozenset] = {}
 
 
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL's text cannot hold NUL

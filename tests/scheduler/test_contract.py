@@ -108,9 +108,16 @@ def test_node_addresses_must_be_host_names_or_ip_addresses(daemon, tokens, addre
     assert call(daemon, tokens["admin"], "GET", "/v1/nodes").json() == []
 
 
-def test_unknown_methods_answer_405(daemon, tokens):
-    assert call(daemon, tokens["admin"], "PUT", "/v1/jobs").status_code == 405
-    assert call(daemon, tokens["admin"], "DELETE", "/v1/jobs/1/cancel").status_code == 405
+def test_unknown_methods_answer_405_naming_the_methods_the_path_serves(daemon, tokens):
+    for method, path, allowed in (("PUT", "/v1/jobs", "GET, HEAD, POST"),
+                                  ("DELETE", "/v1/jobs/1/cancel", "POST"),
+                                  ("PUT", "/v1/jobs/1", "GET, HEAD, PATCH"),
+                                  # a path of its own, not the node called "import"
+                                  ("PUT", "/v1/nodes/import", "POST")):
+        r = call(daemon, tokens["admin"], method, path)
+        assert r.status_code == 405, (method, path, r.text)
+        assert r.headers["Allow"] == allowed
+        assert r.json()["detail"] == f"{method} is not allowed on {path}; allowed: {allowed}"
 
 
 def test_openapi_declares_the_bearer_scheme_and_every_error_code(daemon):
