@@ -141,6 +141,8 @@ class Daemon:
         # the leader keeps allocated GPUs per node in memory; a standby reads them (None)
         live = lambda: self.store.active.gpus_used() if self.leadership.leading else None  # noqa: E731
         self.overview.live_usage = self.readmodel.live_usage = live
+        # the same for the final states' job counts: kept in memory by the leader alone
+        self.store.keeps_counts = lambda: self.leadership.leading
         self._tasks: list[asyncio.Task] = []
         self._office: list[asyncio.Task] = []  # what only the leader runs
         self._node_parts: dict[str, tuple[tuple, bytes]] = {}  # node -> (inputs, JSON): nodes_listing
@@ -225,6 +227,7 @@ class Daemon:
         self.cycle.forget_light_rows()  # another daemon may have led meanwhile: read everything
         self.jobs.forget_cached()
         self.lifecycle.forget_cached()
+        self.store.forget_counts()
         with self.store.read() as s:
             for node in s.exec(select(Node)).all():
                 self.links.start(node)
@@ -432,7 +435,7 @@ class Daemon:
         return Overview.gpu_usage(s)
 
     def job_counts(self, s: Session) -> list[tuple[str, str, int]]:
-        return Overview.job_counts(s)
+        return self.store.job_counts(s)
 
     def caller(self, user: str, role: str, address: str = "") -> Caller:
         return Caller(user, role, address)

@@ -9,7 +9,7 @@ from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, func, select
 
 from .. import models as m
-from ..models import Event, Job, Queue
+from ..models import Event, Queue
 from ..planner import PolicyConfig, UsageLedger
 from .clock import Clock
 from .scheduling import _N, _T, VIEW_COLUMNS, job_view, view_rows
@@ -41,16 +41,12 @@ class Overview:
                 used[a["node"]] = used.get(a["node"], 0) + len(a["gpus"])
         return used
 
-    @staticmethod
-    def job_counts(s: Session) -> list[tuple[str, str, int]]:
-        return list(s.exec(select(Job.state, Job.queue, func.count()).group_by(Job.state, Job.queue)).all())
-
     def cluster(self, version: str) -> dict[str, Any]:
         with self.store.read() as s:
             # two columns, not Node objects (whose agent_info is large) on every TUI refresh
             nodes = s.connection().execute(sa_select(_N.state, _N.gpus_total)).all()
             used = self.usage(s)
-            counts = self.job_counts(s)
+            counts = self.store.job_counts(s)
         by_state: dict[str, int] = {}
         for state, _q, n in counts:
             by_state[state] = by_state.get(state, 0) + n
@@ -65,7 +61,7 @@ class Overview:
 
     def queues(self) -> list[dict[str, Any]]:
         with self.store.read() as s:
-            counts = self.job_counts(s)
+            counts = self.store.job_counts(s, final=False)  # pending and running only
             # an active job holds its GPUs per node on each of its nodes: summed by the
             # database, without decoding every running job's allocation on each refresh
             used = dict(s.connection().execute(

@@ -28,7 +28,7 @@ class MetricsReadModel:
 
     def job_counts(self) -> Iterable[tuple[str, str, int]]:
         with self.store.read() as s:
-            return Overview.job_counts(s)
+            return self.store.job_counts(s)
 
     def queues(self) -> Iterable[str]:
         with self.store.read() as s:
