@@ -1,4 +1,5 @@
-"""State and audit: transactions, the audit/event trail, publishing to streams, the active-job index."""
+"""State and audit: transactions, the audit/event trail, publishing to streams, the active-job index
+and the finished jobs' counts."""
 
 from __future__ import annotations
 
