@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from itertools import chain
 from types import SimpleNamespace
 
-from sqlalchemy import bindparam, event, func, insert
+from sqlalchemy import Select, bindparam, event, func, insert
 from sqlalchemy import select as sa_select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
@@ -31,7 +31,7 @@ _EVENT_INSERT = insert(Event.__table__)
 _EVENT_INSERT_IDS = insert(Event.__table__).returning(Event.__table__.c.id, sort_by_parameter_order=True)
 
 
-def _counts_of(states) -> object:
+def _counts_of(states) -> Select:
     t = Job.__table__.c
     return (sa_select(t.state, t.queue, func.count()).where(t.state.in_(sorted(states)))
             .group_by(t.state, t.queue))
@@ -197,10 +197,11 @@ class StateStore:
         conn = s.connection()
         rows = [tuple(r) for r in conn.execute(_LIVE_COUNTS).all()]
         if final:
-            counts = self._final
-            if counts is None or not self.keeps_counts():
+            keep = self.keeps_counts()  # a standby counts every time: the leader changes them
+            counts = self._final if keep else None
+            if counts is None:
                 counts = {(st, q): n for st, q, n in conn.execute(_FINAL_COUNTS).all()}
-                self._final = counts if self.keeps_counts() else None
+                self._final = counts if keep else None
             rows += [(st, q, n) for (st, q), n in counts.items() if n]
         return rows
 

@@ -123,6 +123,20 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {cpu}"
 
 
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, all) clock ticks of every core since boot, from /proc/stat: what every process on
+    the machine used, the benchmark's own included. Two readings give how busy the cores were
+    between them (`busy_share`)."""
+    fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of all the machine's cores' time that was busy between two `machine_jiffies()`."""
+    return (after[0] - before[0]) / max(1, after[1] - before[1])
+
+
 def percentile(values: list[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]

@@ -11,7 +11,18 @@ import threading
 import time
 
 import httpx
-from _harness import ROOT, cpu_by_part, cpu_s, demo, machine, now, percentile, tree_cpu_s
+from _harness import (
+    ROOT,
+    busy_share,
+    cpu_by_part,
+    cpu_s,
+    demo,
+    machine,
+    machine_jiffies,
+    now,
+    percentile,
+    tree_cpu_s,
+)
 
 
 def submit_throughput(url: str, token: str, n: int = 2000, hold: bool = True) -> float:
@@ -34,12 +45,14 @@ def submit_throughput(url: str, token: str, n: int = 2000, hold: bool = True) ->
 def thousand_jobs(url: str, token: str, pid: int, n: int = 1000,
                   array: bool = False) -> tuple[float, float, dict[str, float]]:
     """(first submit to last COMPLETED, to the last submit's answer, CPU seconds per job of the
-    daemon, of the nodes and of this client). With `array`, the jobs are the tasks of one job
-    array, submitted in one request (Slurm's `sbatch --array=0-999`)."""
+    daemon, of the nodes and of this client, and under "busy" the share of the machine's cores
+    that was busy meanwhile). With `array`, the jobs are the tasks of one job array, submitted in
+    one request (Slurm's `sbatch --array=0-999`)."""
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
         done0 = c.get("/v1/cluster").json()["jobs_by_state"].get("COMPLETED", 0)
         cpu0, tree0, own0 = cpu_s(pid), tree_cpu_s(pid), time.process_time()
         parts0 = cpu_by_part(pid)
+        busy0 = machine_jiffies()
         t0 = now()
         if array:  # one request: what the nodes and the daemon take to run them, without the API
             c.post("/v1/jobs", json={"command": ["true"], "gpus": 1, "array": f"0-{n - 1}"}).raise_for_status()
@@ -55,10 +68,44 @@ def thousand_jobs(url: str, token: str, pid: int, n: int = 1000,
                 cpu = {"daemon": daemon, "nodes": tree_cpu_s(pid) - tree0 - daemon,
                        "client": time.process_time() - own0}
                 cpu.update({k: v - parts0[k] for k, v in cpu_by_part(pid).items() if k != "daemon"})
-                return took, submitted, {k: v / n for k, v in cpu.items()}
+                per_job = {k: v / n for k, v in cpu.items()}
+                return took, submitted, {**per_job, "busy": busy_share(busy0, machine_jiffies())}
             if now() - t0 > 300:
                 raise SystemExit(f"1,000 jobs did not finish in 300 s: {by}")
             time.sleep(0.05)
+
+
+FLOOR = """
+import os, resource, sys
+def cpu():
+    return sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for f in ("ru_utime", "ru_stime"))
+n = int(sys.argv[1])
+t = cpu()
+for _ in range(n):
+    pid = os.posix_spawnp("true", ["true"], os.environ)
+    os.waitpid(pid, 0)
+spawn = (cpu() - t) / n
+t = cpu()
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        os.waitpid(os.posix_spawnp("true", ["true"], os.environ), 0)
+        os._exit(0)
+    os.waitpid(pid, 0)
+print(spawn, (cpu() - t) / n)
+"""
+
+
+def job_start_floor(n: int = 500) -> tuple[float, float]:
+    """CPU seconds per job, on this machine, of the least that starting a job can cost: a bare
+    interpreter that posix_spawns `true` and waits for it; and the same with a process forked
+    per job in between, as a job's supervisor is (forked from the small zygote, it starts the job
+    and outlives it to record its end). Neither counts the SSH link, the agent, the cgroups or
+    the output: any design that keeps a supervisor per job pays at least the second figure."""
+    out = subprocess.run([sys.executable, "-c", FLOOR, str(n)], capture_output=True, text=True, check=True)
+    spawn, supervised = (float(x) for x in out.stdout.split())
+    return spawn, supervised
 
 
 def submit_to_running(url: str, token: str, n: int = 200) -> list[float]:
@@ -105,6 +152,11 @@ def cli_cold_start(url: str, token: str, n: int = 15) -> list[float]:
     return times
 
 
+def floor_s(cpu: dict[str, float], n: int = 1000) -> float:
+    """The least wall time `n` jobs' measured CPU (daemon, nodes, client) takes on this machine's cores."""
+    return sum(cpu[k] for k in ("daemon", "nodes", "client")) * n / (os.cpu_count() or 1)
+
+
 def main() -> None:
     print(f"machine: {machine()}")
     with demo(4, 8) as (url, token, proc):
@@ -116,12 +168,20 @@ def main() -> None:
         print(f"1,000 trivial 1-GPU jobs on the 4-node demo, first submit to last COMPLETED: {secs:.2f} s "
               f"(the last submit answered after {submitted:.2f} s); CPU per job: daemon {cpu['daemon'] * 1000:.2f} "
               f"ms, the nodes (their SSH servers, in a process of their own, agents, job supervisors and jobs) "
-              f"{cpu['nodes'] * 1000:.2f} ms, this client {cpu['client'] * 1000:.2f} ms")
+              f"{cpu['nodes'] * 1000:.2f} ms, this client {cpu['client'] * 1000:.2f} ms; the machine's cores busy "
+              f"{cpu['busy'] * 100:.0f} % of the time; that CPU on {os.cpu_count()} cores takes at least "
+              f"{floor_s(cpu):.2f} s")
         secs, submitted, cpu = thousand_jobs(url, token, proc.pid, array=True)
         print(f"the same 1,000 jobs as the tasks of one job array (one request), to the last COMPLETED: "
               f"{secs:.2f} s; CPU per job: daemon {cpu['daemon'] * 1000:.2f} ms, the nodes {cpu['nodes'] * 1000:.2f} ms: "
               + ", ".join(f"{k} {cpu[k] * 1000:.2f}" for k in ("SSH servers", "agents", "zygotes", "supervisors and jobs"))
-              + " ms")
+              + f" ms; the cores busy {cpu['busy'] * 100:.0f} %; that CPU on {os.cpu_count()} cores takes at least "
+              f"{floor_s(cpu):.2f} s")
+        spawn, supervised = job_start_floor()
+        print(f"the floor of a job's start on this machine: posix_spawn of `true` and its wait {spawn * 1000:.2f} ms of "
+              f"CPU; with a process forked per job to supervise it {supervised * 1000:.2f} ms; 1,000 supervised jobs "
+              f"on {os.cpu_count()} cores take at least {supervised * 1000 / (os.cpu_count() or 1):.2f} s before "
+              f"any SSH, agent, scheduling or API")
         lat = submit_to_running(url, token)
         print(f"submit -> RUNNING on a warm node ({len(lat)} jobs): p50 {percentile(lat, 50) * 1000:.1f} ms, "
               f"p99 {percentile(lat, 99) * 1000:.1f} ms")

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from _harness import cpu_s, demo, machine, now, percentile, tree_cpu_s
+from _harness import busy_share, cpu_s, demo, machine, machine_jiffies, now, percentile, tree_cpu_s
 from _http import Connection
 
 
@@ -37,14 +37,17 @@ async def run(url: str, token: str, pid: int, jobs: int, clients: int, held: boo
     ids: list[int] = []
     per = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
     cpu0, tree0, own0, t0 = cpu_s(pid), tree_cpu_s(pid), time.process_time(), now()
+    busy0 = machine_jiffies()
     await asyncio.gather(*(client(url, token, n, lat, ids, held) for n in per))
     wall = now() - t0
+    busy1 = machine_jiffies()
     cpu = cpu_s(pid) - cpu0
     own = time.process_time() - own0
     print(f"submitted {len(ids):,} jobs from {clients} clients in {wall:.2f} s: {len(ids) / wall:,.0f} jobs/s; "
           f"latency p50 {percentile(lat, 50) * 1000:.1f} ms, p99 {percentile(lat, 99) * 1000:.1f} ms, "
           f"max {max(lat) * 1000:.1f} ms; daemon CPU {cpu / wall * 100:.0f} % of one core, these clients "
-          f"(one process) {own / wall * 100:.0f} %" + (" (held: the API alone)" if held else ""))
+          f"(one process) {own / wall * 100:.0f} %; the machine's {os.cpu_count()} cores busy "
+          f"{busy_share(busy0, busy1) * 100:.0f} % of the time" + (" (held: the API alone)" if held else ""))
     if held:
         return
     c = await Connection(url, token).open()
@@ -56,6 +59,7 @@ async def run(url: str, token: str, pid: int, jobs: int, clients: int, held: boo
             break
         await asyncio.sleep(0.2)
     drained = now() - t0
+    busy2 = machine_jiffies()
     daemon_cpu = cpu_s(pid) - cpu0
     nodes_cpu = tree_cpu_s(pid) - tree0 - daemon_cpu
     _, rows = await c.request("GET", "/v1/jobs?all=true&limit=100000")
@@ -68,7 +72,8 @@ async def run(url: str, token: str, pid: int, jobs: int, clients: int, held: boo
           f"duplicated {len(stored) - len(set(stored))}, COMPLETED {completed:,}; states {by}")
     print(f"CPU per job, first submit to last COMPLETED: daemon {daemon_cpu / len(ids) * 1000:.2f} ms (with "
           f"the SSH client's end of each link only); the nodes (their SSH servers, in a process of their "
-          f"own, agents, job supervisors and jobs) {nodes_cpu / len(ids) * 1000:.2f} ms")
+          f"own, agents, job supervisors and jobs) {nodes_cpu / len(ids) * 1000:.2f} ms; the machine's cores "
+          f"busy {busy_share(busy0, busy2) * 100:.0f} % of the time from the first submit to the last COMPLETED")
 
 
 def main() -> None:
