@@ -71,7 +71,12 @@ class Node(SQLModel, table=True):
 
 
 class Job(SQLModel, table=True):
-    __table_args__ = (Index("ix_job_state_queue", "state", "queue"),)
+    # Job rows are kept, so every read must take a small part of a table that holds every job
+    # ever run. (state, queue): the live jobs' counts and the scheduler's reads; (state, id): a
+    # listing filtered by state, in id order; end_time: the history's windows (sacct, sreport,
+    # the fair-share ledger at start-up); array_parent: an array's tasks (sacct -j ARRAY_ID).
+    __table_args__ = (Index("ix_job_state_queue", "state", "queue"), Index("ix_job_state_id", "state", "id"),
+                      Index("ix_job_end_time", "end_time"), Index("ix_job_array_parent", "array_parent"))
 
     id: int | None = Field(default=None, primary_key=True)
     name: str = ""

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
 import orjson
 from sqlalchemy import event, inspect, text
 from sqlalchemy.engine import Connection, CursorResult, Engine
+from sqlalchemy.schema import CreateIndex
 from sqlmodel import Session, SQLModel, create_engine, select
 
 from .models import SCHEMA_VERSION, Meta
+
+log = logging.getLogger("trainyard.store")
 
 
 def add_missing_columns(conn: Connection) -> None:
@@ -38,6 +42,21 @@ def add_missing_columns(conn: Connection) -> None:
             elif isinstance(default, str):
                 clause = " DEFAULT '" + default.replace("'", "''") + "'"
             conn.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{col.name}" {ddl}{clause}'))
+
+
+def add_missing_indexes(conn: Connection) -> None:
+    """Create the indexes a newer model declares on an older table (`create_all` makes only
+    whole tables). On a table of millions of jobs that takes seconds, once, at the first start of
+    the version that declares it (on PostgreSQL, holding other writers to that table meanwhile)."""
+    insp = inspect(conn)
+    for table in SQLModel.metadata.sorted_tables:
+        if not insp.has_table(table.name):
+            continue
+        have = {ix["name"] for ix in insp.get_indexes(table.name)}
+        for index in sorted(table.indexes, key=lambda ix: ix.name or ""):
+            if index.name not in have:  # IF NOT EXISTS: a second daemon may be starting too
+                log.info("creating the index %s on %s", index.name, table.name)
+                conn.execute(CreateIndex(index, if_not_exists=True))
 
 
 def _v1_to_v2(conn: Connection) -> None:
@@ -118,8 +137,10 @@ def init_schema(engine: Engine) -> int:
         while version < SCHEMA_VERSION:
             MIGRATIONS[version](session.connection())  # type: ignore[operator]
             version += 1
-        # columns added within a version (nullable or with a default) need no migration of their own
+        # columns added within a version (nullable or with a default) need no migration of their
+        # own, nor do indexes
         add_missing_columns(session.connection())
+        add_missing_indexes(session.connection())
         row.value = str(version)
         session.add(row)
         session.commit()

@@ -16,6 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import func, union_all
+from sqlalchemy import select as sa_select
 from sqlmodel import col, or_, select
 
 from .. import accounting as acct
@@ -150,10 +152,52 @@ def record_json(r: acct.JobRecord) -> dict[str, Any]:
     return d
 
 
+def request_json(job: Job) -> dict[str, Any]:
+    """What the job asked for and why it waits, beside its accounting record: sacct's ReqCPUS,
+    ReqMem, Timelimit and AllocGRES, and its array (JobID as ARRAY_TASK)."""
+    return {"gpus": job.gpus, "nodes": job.nodes, "cpus": job.cpus, "mem": job.mem_mb,
+            "time_limit": job.time_limit_s, "reason": job.reason, "held": job.held,
+            "array_job_id": job.array_parent, "array_task_id": job.array_task_id}
+
+
+_RECORD_FIELDS = frozenset(acct.JobRecord.__dataclass_fields__)
+
+
 def record_from_json(d: dict[str, Any]) -> acct.JobRecord:
-    """The client's way back from the API's records to the pure accounting's."""
+    """The client's way back from the API's records to the pure accounting's (the request's
+    fields beside them are not the accounting's)."""
     alloc = tuple((a["node"], tuple(a["gpus"])) for a in d.get("allocation") or ())
-    return acct.JobRecord(**{**d, "allocation": alloc})
+    return acct.JobRecord(**{**{k: v for k, v in d.items() if k in _RECORD_FIELDS}, "allocation": alloc})
+
+
+def history_query(a: float, b: float, user: str | None = None, states: frozenset[str] = frozenset(),
+                  limit: int = 100_000, ids: frozenset[int] = frozenset()):
+    """The jobs that existed in [a, b), oldest first: submitted before b, not ended before a.
+    The window leads the plan: the live jobs (no end_time) and a range of the end_time index, a
+    small part of a table that holds every job ever run, where the ordering by id would make a
+    planner without statistics scan it all. The states are matched on an expression, as their
+    index would lead the plan through every job of those states ever run. With `ids`, the
+    jobs of those ids and the tasks of the arrays among them lead instead (sacct -j)."""
+    t = Job.__table__.c
+    if ids:
+        chosen = sorted(ids)
+        lead = union_all(sa_select(t.id).where(t.id.in_(chosen)), sa_select(t.id).where(t.array_parent.in_(chosen)))
+        q = select(Job).where(col(Job.id).in_(lead), col(Job.submit_time) < b,
+                              or_(col(Job.end_time).is_(None), col(Job.end_time) >= a))
+    else:
+        window = union_all(sa_select(t.id).where(t.end_time.is_(None)), sa_select(t.id).where(t.end_time >= a))
+        q = select(Job).where(col(Job.id).in_(window), col(Job.submit_time) < b)
+    if user is not None:
+        q = q.where(Job.user == user)
+    if states:
+        q = q.where(func.coalesce(col(Job.state), "").in_(sorted(states)))
+    return q.order_by(col(Job.id)).limit(limit)
+
+
+def usage_query(a: float, b: float):
+    """The runs that overlap [a, b): started before b, not ended before a (the end_time index)."""
+    return select(Job).where(col(Job.start_time).is_not(None), col(Job.start_time) < b,
+                             or_(col(Job.end_time).is_(None), col(Job.end_time) >= a))
 
 
 class Accounting:
@@ -185,23 +229,22 @@ class Accounting:
         return start, end
 
     def jobs(self, caller: Caller, start: float | None, end: float | None, user: str | None = None,
-             states: frozenset[str] = frozenset(), limit: int = 100_000) -> dict[str, Any]:
-        """Jobs that existed in [start, end): submitted before its end, not ended before its start."""
+             states: frozenset[str] = frozenset(), limit: int = 100_000,
+             ids: frozenset[int] = frozenset()) -> dict[str, Any]:
+        """Jobs that existed in [start, end): submitted before its end, not ended before its start.
+        With `ids`: those jobs and the tasks of the arrays among them, at any time unless a start
+        is given (as sacct -j)."""
         now = self.clock.time()
+        if ids and start is None:
+            start = 0.0
         a, b = self.window(start, end, now)
         if user is None and not caller.at_least("operator"):
             user = caller.user
         if user is not None and user != caller.user and not caller.at_least("operator"):
             raise Forbidden(f"{caller.user} may read only their own jobs' accounting, not {user}'s")
-        q = select(Job).where(col(Job.submit_time) < b,
-                              or_(col(Job.end_time).is_(None), col(Job.end_time) >= a))
-        if user is not None:
-            q = q.where(Job.user == user)
-        if states:
-            q = q.where(col(Job.state).in_(states))
         with self.store.read() as s:
-            rows = s.exec(q.order_by(col(Job.id)).limit(limit)).all()
-            records = [record_json(record_of(j, self.team_of)) for j in rows]
+            rows = s.exec(history_query(a, b, user, states, limit, ids)).all()
+            records = [{**record_json(record_of(j, self.team_of)), **request_json(j)} for j in rows]
         return {"start": a, "end": b, "now": now, "jobs": records}
 
     def report(self, caller: Caller, by: str, start: float | None, end: float | None) -> dict[str, Any]:
@@ -212,10 +255,8 @@ class Accounting:
             raise Invalid(f"by: cannot group by {by!r}; use one of {', '.join(acct.GROUPINGS)}", "by")
         now = self.clock.time()
         a, b = self.window(start, end, now)
-        q = select(Job).where(col(Job.start_time).is_not(None), col(Job.start_time) < b,
-                              or_(col(Job.end_time).is_(None), col(Job.end_time) >= a))
         with self.store.read() as s:
-            records = [record_of(j, self.team_of) for j in s.exec(q).all()]
+            records = [record_of(j, self.team_of) for j in s.exec(usage_query(a, b)).all()]
             pools = {n.name: n.pool for n in s.exec(select(Node)).all()}
         rows = acct.usage(records, (a, b), pools, self.prices, self.idle.index(now), by, now)
         cur = self.prices.currency

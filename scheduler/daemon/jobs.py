@@ -94,6 +94,24 @@ def _limit_text(seconds: int | None) -> str:
     return "UNLIMITED" if seconds is None else f"{seconds}s"
 
 
+def listing_query(f: JobFilter):
+    """`GET /v1/jobs`: plain rows (a listing of thousands need not build ORM objects), in id
+    order (newest first with `all`), at most `f.limit`. A state filter reads the (state, id)
+    index in id order, so the newest page of a final state costs the page, not every job of
+    that state ever run (1.3 s at 240,000 COMPLETED jobs when they were sorted)."""
+    t = Job.__table__.c
+    q = sa_select(Job.__table__)
+    if f.states:
+        q = q.where(t.state.in_(sorted(f.states)))
+    elif not f.all:
+        q = q.where(t.state.in_(sorted(m.ACTIVE_STATES | m.WAITING_STATES)))
+    if f.user:
+        q = q.where(t.user == f.user)
+    if f.queue:
+        q = q.where(t.queue == f.queue)
+    return q.order_by(t.id.desc() if f.all else t.id).limit(f.limit)
+
+
 class JobService:
     def __init__(self, store: StateStore, lifecycle: JobLifecycle, links: NodeLinks, clock: Clock,
                  policy: PolicyConfig, wake, submitted=lambda queue, n: None,
@@ -125,19 +143,8 @@ class JobService:
             return {**job_json(job, caller), **prediction_json(job, self.policy.backfill_on_prediction)}
 
     def list(self, caller: Caller, f: JobFilter) -> list[dict[str, Any]]:
-        t = Job.__table__.c
-        q = sa_select(Job.__table__)  # plain rows: a listing of thousands need not build ORM objects
-        if f.states:
-            q = q.where(t.state.in_(f.states))
-        elif not f.all:
-            q = q.where(t.state.in_(m.ACTIVE_STATES | m.WAITING_STATES))
-        if f.user:
-            q = q.where(t.user == f.user)
-        if f.queue:
-            q = q.where(t.queue == f.queue)
-        q = q.order_by(t.id.desc() if f.all else t.id).limit(f.limit)
         with self.store.engine.connect() as conn:
-            rows = row_objects(conn.execute(q))
+            rows = row_objects(conn.execute(listing_query(f)))
         uses = self.policy.backfill_on_prediction
         return [{**job_json(j, caller), **prediction_json(j, uses)} for j in rows]
 

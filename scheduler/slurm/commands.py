@@ -255,20 +255,15 @@ def _sacct_value(job: dict, field: str) -> str:
     return str(values.get(field.lower(), ""))
 
 
-def accounting_jobs(c, start: float, end: float | None, user: str | None) -> list[dict]:
-    """Jobs that existed in [start, end) from /v1/accounting/jobs, with the fields of the jobs
-    the caller can still read (CPUs, memory, time limit) where the daemon has them."""
-    params = {k: v for k, v in (("start", start), ("end", end), ("user", user)) if v is not None}
+def accounting_jobs(c, start: float | None, end: float | None, user: str | None,
+                    ids: str | None = None) -> list[dict]:
+    """Jobs that existed in [start, end) from /v1/accounting/jobs (with `ids`: those jobs and the
+    tasks of the arrays among them, at any time unless `start` is given), with what each asked
+    for (CPUs, memory, time limit) beside its record: one request, whatever the history's size."""
+    params = {k: v for k, v in (("start", start), ("end", end), ("user", user), ("ids", ids)) if v is not None}
     records = call(c._call, "GET", "/v1/accounting/jobs", params=params, prog="sacct")["jobs"]
-    full = {j["id"]: j for j in call(c.jobs, all=True, prog="sacct")}
-    out = []
-    for r in records:
-        job = {"id": r["id"], "name": r.get("name", ""), "user": r["user"], "account": r.get("account"),
-               "queue": r.get("queue", ""), "state": r.get("state", ""), "submit_time": r.get("submit"),
-               "start_time": r.get("start"), "end_time": r.get("end"), "exit_code": r.get("exit_code"),
-               "allocation": r.get("allocation") or [], "nodes": len(r.get("allocation") or []) or 1}
-        out.append({**full.get(r["id"], {}), **{k: v for k, v in job.items() if v is not None}})
-    return out
+    return [{**r, "submit_time": r.get("submit"), "start_time": r.get("start"), "end_time": r.get("end"),
+             "nodes": len(r.get("allocation") or []) or r.get("nodes") or 1} for r in records]
 
 
 @click.command("sacct", context_settings={"help_option_names": ["--help"]})
@@ -287,13 +282,16 @@ def sacct(fields, job_ids, starttime, endtime, states, parsable, parsable2, nohe
           allocations):
     """Accounting of jobs, in sacct's fields and layout."""
     c = client()
-    if job_ids:
-        ids = {int(x.split("_")[0]) for x in job_ids.split(",") if x.split("_")[0].isdigit()}
-        jobs = sorted((j for j in call(c.jobs, all=True, prog="sacct")
-                       if j["id"] in ids or j.get("array_job_id") in ids), key=lambda j: j["id"])
+    until = when(endtime) if endtime else None
+    if job_ids:  # at any time unless -S is given, every user's that the caller may read (as Slurm)
+        ids = sorted({int(x.split("_")[0]) for x in job_ids.split(",") if x.split("_")[0].isdigit()})
+        if not ids:
+            raise click.UsageError(f"no job id in --jobs {job_ids!r}")
+        since = when(starttime) if starttime else None
+        jobs = [j for first in range(0, len(ids), 1000)
+                for j in accounting_jobs(c, since, until, None, ",".join(map(str, ids[first:first + 1000])))]
     else:
         since = when(starttime) if starttime else time.mktime(time.localtime()[:3] + (0, 0, 0, 0, 0, -1))
-        until = when(endtime) if endtime else None
         one_user = users if users and "," not in users else None
         if not users and not allusers:
             one_user = call(c.me, prog="sacct")["user"]

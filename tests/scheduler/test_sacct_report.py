@@ -133,6 +133,26 @@ def test_sacct_lists_the_window_with_slurm_fields(history):
     assert client.get("/v1/accounting/jobs", params={"user": "bob"}, headers=ann).status_code == 403
 
 
+def test_sacct_by_job_ids_at_any_time_with_what_each_asked_for(history):
+    client, admin, ann = history
+    r = client.get("/v1/accounting/jobs", params={"ids": "4,2"}, headers=admin)  # job 4 ended 40 h ago
+    assert r.status_code == 200
+    jobs = r.json()["jobs"]
+    assert [j["id"] for j in jobs] == [2, 4]
+    assert {k: jobs[1][k] for k in ("gpus", "nodes", "cpus", "time_limit", "array_job_id")} == {
+        "gpus": 1, "nodes": 1, "cpus": 1, "time_limit": None, "array_job_id": None}
+    assert [record_from_json(j).id for j in jobs] == [2, 4]  # the request's fields are not the record's
+    # a start still bounds it; a user sees only their own
+    assert client.get("/v1/accounting/jobs", params={"ids": "4,2", "start": NOW - 30 * H},
+                      headers=admin).json()["jobs"][0]["id"] == 2
+    assert [j["id"] for j in client.get("/v1/accounting/jobs", params={"ids": "2,3"},
+                                        headers=ann).json()["jobs"]] == [2]
+    for bad, words in (("1,x", "ids"), (",".join(map(str, range(1, 1003))), "at most 1000"),
+                       ("99999999999999999999", "ids")):
+        r = client.get("/v1/accounting/jobs", params={"ids": bad}, headers=admin)
+        assert r.status_code in (400, 422) and words in r.text, r.text
+
+
 def test_sacct_times_as_slurm_takes_them():
     assert acct.slurm_when("now-2hours", NOW) == NOW - 2 * H
     assert acct.slurm_when("now-7days", NOW) == NOW - 7 * 86400

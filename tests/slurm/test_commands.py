@@ -57,3 +57,27 @@ def test_squeue_format_widths_and_justification():
     job = {"id": 7, "queue": "gpu", "name": "a-very-long-name", "user": "alice", "state": "RUNNING",
            "start_time": 100.0, "end_time": None, "nodes": 2, "allocation": [{"node": "n01"}, {"node": "n02"}]}
     assert format_squeue([job], "%.5i|%-4j|%t|%R|%M", False, now=165.0) == ["    7|a-ve|R|n[01-02]|0:01:05"]
+
+
+def test_sacct_j_finds_a_job_of_any_age_and_an_arrays_tasks(daemon):
+    """`sacct -j $JOB` after the job ended is how pipelines check a job's outcome; on a busy
+    cluster thousands of jobs come after it, and it must still be found, with what it asked for."""
+    script = daemon.base / "train.sh"
+    script.write_text(SCRIPT)
+    r = slurm(daemon, "sbatch", "--hold", "--parsable", str(script))
+    assert r.returncode == 0, r.stderr
+    old = int(r.stdout.strip())
+    assert slurm(daemon, "scancel", str(old)).returncode == 0
+    c = daemon.client()
+    array = c.submit({"command": ["true"], "array": "0-5000", "hold": True, "name": "sweep"})["id"]
+
+    r = slurm(daemon, "sacct", "-j", str(old), "-P", "--format", "JobID,JobName,State,Timelimit,AllocCPUS")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["JobID|JobName|State|Timelimit|AllocCPUS",
+                                     f"{old}|ddp-train|CANCELLED|0:10:00|4"]
+    r = slurm(daemon, "sacct", "-j", f"{array},{old}", "-P", "-n", "--format", "JobID,JobName,State")
+    lines = r.stdout.splitlines()
+    assert len(lines) == 5002 and lines[0] == f"{old}|ddp-train|CANCELLED"
+    assert lines[1] == f"{array}|sweep|PENDING" and all(x.endswith("|sweep|PENDING") for x in lines[1:])
+    assert slurm(daemon, "sacct", "-j", "x", "-n").returncode == 2  # no job id in it
+    c._call("POST", f"/v1/jobs/{array}/cancel")
