@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import insert, update
+from sqlalchemy import insert, union_all, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, select
 
@@ -96,20 +96,25 @@ def _limit_text(seconds: int | None) -> str:
 
 def listing_query(f: JobFilter):
     """`GET /v1/jobs`: plain rows (a listing of thousands need not build ORM objects), in id
-    order (newest first with `all`), at most `f.limit`. A state filter reads the (state, id)
-    index in id order, so the newest page of a final state costs the page, not every job of
-    that state ever run (1.3 s at 240,000 COMPLETED jobs when they were sorted)."""
+    order (newest first with `all`), at most `f.limit`. A page of a state reads that state's
+    part of the (state, id) index in id order, and a page of several states is made of one such
+    read per state, so it costs the page, not every job of those states ever run (1.5 s at
+    400,000 COMPLETED jobs when they were all sorted): a planner without statistics does not
+    see that one `state IN (...)` over two indexes on state is better read per state."""
     t = Job.__table__.c
-    q = sa_select(Job.__table__)
-    if f.states:
-        q = q.where(t.state.in_(sorted(f.states)))
-    elif not f.all:
-        q = q.where(t.state.in_(sorted(m.ACTIVE_STATES | m.WAITING_STATES)))
-    if f.user:
-        q = q.where(t.user == f.user)
+    order = t.id.desc() if f.all else t.id
+    where = [t.user == f.user] if f.user else []
     if f.queue:
-        q = q.where(t.queue == f.queue)
-    return q.order_by(t.id.desc() if f.all else t.id).limit(f.limit)
+        where.append(t.queue == f.queue)
+    if len(f.states) > 1:
+        arms = [sa_select(t.id).where(t.state == st, *where).order_by(order).limit(f.limit).subquery()
+                for st in sorted(f.states)]
+        where = [t.id.in_(union_all(*(sa_select(a.c.id) for a in arms)))]
+    elif f.states:
+        where.append(t.state == next(iter(f.states)))
+    elif not f.all:
+        where.append(t.state.in_(sorted(m.ACTIVE_STATES | m.WAITING_STATES)))
+    return sa_select(Job.__table__).where(*where).order_by(order).limit(f.limit)
 
 
 class JobService:

@@ -159,6 +159,7 @@ def test_sqlite_reads_a_page_of_a_final_state_not_every_job_of_it(tmp_path, stat
         plan = _plan(d, listing_query(f))
         assert "SCAN job" not in plan, plan
         assert "ix_job_state_id" in plan, plan
+        assert "ix_job_state_queue" not in plan, plan  # every job of those states, then sorted
     d.engine.dispose()
 
 
