@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -80,4 +81,17 @@ def test_sacct_j_finds_a_job_of_any_age_and_an_arrays_tasks(daemon):
     assert len(lines) == 5002 and lines[0] == f"{old}|ddp-train|CANCELLED"
     assert lines[1] == f"{array}|sweep|PENDING" and all(x.endswith("|sweep|PENDING") for x in lines[1:])
     assert slurm(daemon, "sacct", "-j", "x", "-n").returncode == 2  # no job id in it
+
+    env = {**daemon.env, "TRAINYARD_URL": daemon.url, "TRAINYARD_TOKEN": daemon.token}
+
+    def trainyard(*args):
+        return subprocess.run([sys.executable, "-m", "scheduler.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=60, cwd=daemon.base)
+    r = trainyard("sacct", "-j", str(old), "-P", "-o", "JobID,JobName,State")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[1:] == [f"{old}|ddp-train|CANCELLED"]
+    r = trainyard("sacct", "-j", f"{old},{array}", "--json")
+    assert len(json.loads(r.stdout)) == 5002
+    r = trainyard("sacct", "-j", "12;drop")
+    assert r.returncode != 0 and "--jobs: job ids are numbers" in r.stderr
     c._call("POST", f"/v1/jobs/{array}/cancel")
