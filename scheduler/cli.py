@@ -378,13 +378,17 @@ def _after_dashdash(args: tuple[str, ...]) -> bool:
 @click.option("--state", "-t", help="Only jobs in these states (comma-separated).")
 @click.option("--user", "-u", help="Only this user's jobs.")
 @click.option("--queue", "-p", help="Only this queue.")
+@click.option("--limit", "-n", type=click.IntRange(1, 100_000), default=5000, show_default=True,
+              help="At most this many jobs (the oldest live ones first; with --all the newest first).")
 @json_option
-def jobs(all_, state, user, queue, as_json):
+def jobs(all_, state, user, queue, limit, as_json):
     """List jobs (pending and running; --all for finished too), like squeue."""
-    rows = api(client().jobs, all=all_, state=state, user=user, queue=queue)
+    rows = api(client().jobs, all=all_, state=state, user=user, queue=queue, limit=limit)
     if as_json:
         print_json(rows)
         return
+    if len(rows) >= limit:
+        click.echo(f"the first {limit:,} jobs only: narrow them with -t, -u or -p, or raise --limit", err=True)
     now = time.time()
     table(
         ["JOBID", "NAME", "USER", "QUEUE", "STATE", "GPUS", "NODES", "TIME", "NODELIST(REASON)"],

@@ -171,9 +171,11 @@ class Client:
 
     # jobs
     def jobs(self, all: bool = False, state: str | None = None, user: str | None = None,
-             queue: str | None = None, limit: int | None = None) -> list[dict]:
+             queue: str | None = None, limit: int | None = None, ids: str | None = None) -> list[dict]:
+        """A page of jobs (at most `limit`, the daemon's default 5,000): live ones, or with `all`
+        every one newest first; `ids`: those jobs and the tasks of those arrays (comma-separated)."""
         params: dict[str, Any] = {"all": all}
-        for k, v in (("state", state), ("user", user), ("queue", queue), ("limit", limit)):
+        for k, v in (("state", state), ("user", user), ("queue", queue), ("limit", limit), ("ids", ids)):
             if v is not None:
                 params[k] = v
         return self._call("GET", "/v1/jobs", params=params)

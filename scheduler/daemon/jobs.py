@@ -88,6 +88,7 @@ class JobFilter:
     user: str | None = None
     queue: str | None = None
     limit: int = 5000
+    ids: frozenset[int] = frozenset()  # these jobs and the tasks of these arrays, in any state
 
 
 def _limit_text(seconds: int | None) -> str:
@@ -106,7 +107,13 @@ def listing_query(f: JobFilter):
     where = [t.user == f.user] if f.user else []
     if f.queue:
         where.append(t.queue == f.queue)
-    if len(f.states) > 1:
+    if f.ids:  # a few ids lead: the primary key and the array_parent index
+        chosen = sorted(f.ids)
+        where.append(t.id.in_(union_all(sa_select(t.id).where(t.id.in_(chosen)),
+                                        sa_select(t.id).where(t.array_parent.in_(chosen)))))
+        if f.states:
+            where.append(t.state.in_(sorted(f.states)))
+    elif len(f.states) > 1:
         arms = [sa_select(t.id).where(t.state == st, *where).order_by(order).limit(f.limit).subquery()
                 for st in sorted(f.states)]
         where = [t.id.in_(union_all(*(sa_select(a.c.id) for a in arms)))]

@@ -22,6 +22,10 @@ STATE_CODES = {
 }
 SLURM_STATE = {"HELD": "PENDING", "STARTING": "CONFIGURING"}  # today's words in Slurm's
 ACTIVE = {"PENDING", "HELD", "STARTING", "CONFIGURING", "RUNNING", "COMPLETING"}
+# the states the daemon stores and filters on (HELD, STARTING and COMPLETING are words it no
+# longer stores); scheduler.models.JOB_STATES, which these commands do not import (sqlmodel
+# would double their start-up), and a test keeps the two the same
+DAEMON_STATES = frozenset(STATE_CODES) - set(SLURM_STATE) - {"COMPLETING"}
 
 
 def client():

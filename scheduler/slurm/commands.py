@@ -19,6 +19,7 @@ import click
 
 from .api import (
     ACTIVE,
+    DAEMON_STATES,
     EXIT_REFUSED,
     EXIT_USAGE,
     SLURM_STATE,
@@ -96,13 +97,16 @@ def _sort_key(text: str) -> tuple:
 def _states(text: str | None) -> set[str] | None:
     if not text:
         return None
-    by_code = {v: k for k, v in STATE_CODES.items()}
     out: set[str] = set()
     for item in text.upper().split(","):
-        state = by_code.get(item, item)
-        out.add(state)
-        out.update(k for k, v in SLURM_STATE.items() if v == state)
+        # a code names every state that shows it (PD: PENDING, and HELD in older words)
+        for state in {k for k, v in STATE_CODES.items() if v == item} or {item}:
+            out.add(SLURM_STATE.get(state, state))
+            out.update(k for k, v in SLURM_STATE.items() if v == state)
     return out
+
+
+SQUEUE_LIMIT = 100_000  # the API's largest page
 
 
 @click.command("squeue", context_settings={"help_option_names": ["--help"]})
@@ -128,9 +132,25 @@ def squeue(fmt, me, users, states, job_ids, partition, noheader, names, accounts
     c = client()
     wanted_states = _states(states)
     all_states = wanted_states is not None and ("ALL" in wanted_states or not wanted_states <= ACTIVE)
-    jobs = call(c.jobs, all=all_states or bool(job_ids), prog="squeue")
+    # what the daemon can filter, it does: a page holds at most SQUEUE_LIMIT jobs, and a busy
+    # cluster has more than the default page waiting (the filters below still apply)
+    query: dict = {"all": all_states or bool(job_ids), "limit": SQUEUE_LIMIT}
     if me:
-        me_user = call(c.me, prog="squeue")["user"]
+        query["user"] = me_user = call(c.me, prog="squeue")["user"]
+    elif users and "," not in users:
+        query["user"] = users
+    known = (wanted_states or set()) & DAEMON_STATES  # not ALL, nor the old words HELD and STARTING
+    if known and "ALL" not in wanted_states:
+        query["state"] = ",".join(sorted(known))
+    if job_ids:
+        ids = sorted({int(x) for x in job_ids.split(",") if x.strip().isdigit()})
+        if not ids:
+            raise click.UsageError(f"no job id in --jobs {job_ids!r}")
+        query["ids"] = ",".join(map(str, ids[:1000]))
+    jobs = call(c.jobs, prog="squeue", **query)
+    if len(jobs) >= SQUEUE_LIMIT:
+        click.echo(f"squeue: showing the first {SQUEUE_LIMIT:,} jobs; narrow it with -u, -t, -p or -j", err=True)
+    if me:
         jobs = [j for j in jobs if j["user"] == me_user]
     if users:
         jobs = [j for j in jobs if j["user"] in users.split(",")]

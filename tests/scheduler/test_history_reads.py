@@ -129,6 +129,17 @@ def test_a_page_of_the_job_listing_is_what_a_scan_would_answer(daemon, f):
     assert got == want[:f.limit] and got
 
 
+def test_a_listing_by_ids_finds_those_jobs_in_any_state(daemon):
+    d, rows = daemon
+    names = {i + 1: r["name"] for i, r in enumerate(rows)}  # ids in insertion order
+    chosen = frozenset({1, 77, 300, len(rows)})
+    got = [j["name"] for j in d.jobs.list(OPERATOR, JobFilter(ids=chosen, limit=10))]
+    assert got == [names[i] for i in sorted(chosen)]
+    state = rows[76]["state"]
+    got = [j["id"] for j in d.jobs.list(OPERATOR, JobFilter(ids=chosen, states=frozenset({state})))]
+    assert got == sorted(i for i in chosen if rows[i - 1]["state"] == state) and 77 in got
+
+
 def _plan(d, q) -> str:
     sql = str(q.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True}))
     with d.engine.connect() as c:
@@ -154,6 +165,8 @@ def test_sqlite_reads_the_window_not_every_job(tmp_path, user, states):
 def test_sqlite_reads_a_page_of_a_final_state_not_every_job_of_it(tmp_path, states):
     d = Daemon(DaemonConfig(db=str(tmp_path / "t.db")), tmp_path / "home", ManualClock(NOW))
     d.prepare()
+    plan = _plan(d, listing_query(JobFilter(ids=frozenset({3, 5}), states=frozenset(states))))
+    assert "SCAN job" not in plan and "ix_job_array_parent" in plan, plan  # the ids lead
     for f in (JobFilter(all=True, states=frozenset(states), limit=100),
               JobFilter(states=frozenset(states), limit=100)):
         plan = _plan(d, listing_query(f))

@@ -95,3 +95,42 @@ def test_sacct_j_finds_a_job_of_any_age_and_an_arrays_tasks(daemon):
     r = trainyard("sacct", "-j", "12;drop")
     assert r.returncode != 0 and "--jobs: job ids are numbers" in r.stderr
     c._call("POST", f"/v1/jobs/{array}/cancel")
+
+
+def test_squeue_and_jobs_find_a_users_jobs_behind_a_backlog_longer_than_a_page(daemon):
+    """A busy cluster has more jobs waiting than one page (5,000); `squeue --me`, `squeue -u`,
+    `squeue -j` and `-t` ask the daemon for what they show instead of filtering its first page."""
+    admin = daemon.client()
+    backlog = admin.submit({"command": ["true"], "array": "0-5000", "hold": True, "name": "backlog"})["id"]
+    bob = admin.create_token("bob", "user")["token"]
+    mine = daemon.client(bob).submit({"command": ["true"], "hold": True, "name": "mine"})["id"]
+    env_bob = {**daemon.env, "TRAINYARD_URL": daemon.url, "TRAINYARD_TOKEN": bob}
+
+    def squeue(*args, env=None):
+        return subprocess.run([sys.executable, "-m", "scheduler.slurm.commands_main", "squeue", *args],
+                              env=env or {**daemon.env, "TRAINYARD_URL": daemon.url, "TRAINYARD_TOKEN": daemon.token},
+                              capture_output=True, text=True, timeout=60, cwd=daemon.base)
+    for args, env in ((("--me",), env_bob), (("-u", "bob"), None), (("-j", str(mine)), None),
+                      (("-t", "PD", "-u", "bob"), None)):
+        r = squeue("-h", "-o", "%i %j %u", *args, env=env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == [f"{mine} mine bob"], args
+    r = squeue("-h", "-o", "%i", "-j", str(backlog))
+    assert len(r.stdout.splitlines()) == 5001
+    r = squeue("-h", "-o", "%i")
+    assert len(r.stdout.splitlines()) == 5002 and r.stderr == ""
+
+    r = daemon.cli("jobs")
+    assert r.returncode == 0
+    assert "the first 5,000 jobs only" in r.stderr and f"{mine} " not in r.stdout
+    r = daemon.cli("jobs", "--limit", "6000")
+    assert r.stderr == "" and f"{mine} " in r.stdout
+    admin._call("POST", f"/v1/jobs/{backlog}/cancel")
+
+
+def test_the_commands_know_the_daemons_states():
+    """The Slurm commands keep their own list (importing the models would double their start-up)."""
+    from scheduler.models import JOB_STATES
+    from scheduler.slurm.api import DAEMON_STATES
+
+    assert set(JOB_STATES) == DAEMON_STATES

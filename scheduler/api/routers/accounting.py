@@ -10,11 +10,10 @@ from ... import models as m
 from ...daemon import Invalid
 from ..deps import DaemonDep, Who
 from ..errors import responses
-from ..schemas import MAX_ID
 from .common import Json
+from .jobs import JobIds, job_ids
 
 router = APIRouter(prefix="/v1/accounting", tags=["accounting"])
-MAX_IDS = 1000
 Epoch = Annotated[float | None, Query(ge=0, le=1e11, description="seconds since the epoch")]
 
 
@@ -23,23 +22,16 @@ async def accounting_jobs(d: DaemonDep, who: Who, start: Epoch = None, end: Epoc
                           user: Annotated[str | None, Query(max_length=64)] = None,
                           state: Annotated[str | None, Query(max_length=400)] = None,
                           limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000,
-                          ids: Annotated[str | None, Query(max_length=20_000, pattern=r"^[0-9]{1,19}(,[0-9]{1,19})*$",
-                                                           description="only these jobs and the tasks of these "
-                                                           "arrays, comma-separated; at any time unless start "
-                                                           "is given (sacct -j)")] = None):
+                          ids: JobIds = None):
     """Jobs that existed in [start, end) (default: the last 24 hours), oldest first, with what
-    sacct shows; users see their own, operators anybody's."""
+    sacct shows; users see their own, operators anybody's. With `ids`, at any time unless
+    `start` is given (sacct -j)."""
     states = frozenset(x.strip().upper() for x in (state or "").split(",") if x.strip())
     bad = states - set(m.JOB_STATES)
     if bad:
         raise Invalid(f"state: unknown job state {sorted(bad)[0]!r}; one of {', '.join(m.JOB_STATES)}",
                       "state")
-    wanted = frozenset(int(x) for x in ids.split(",")) if ids else frozenset()
-    if len(wanted) > MAX_IDS:
-        raise Invalid(f"ids: {len(wanted)} job ids; at most {MAX_IDS} per request", "ids")
-    if any(i > MAX_ID for i in wanted):
-        raise Invalid(f"ids: job ids are at most {MAX_ID}", "ids")
-    return Json(d.accounting.jobs(who, start, end, user, states, limit, wanted))
+    return Json(d.accounting.jobs(who, start, end, user, states, limit, job_ids(ids)))
 
 
 @router.get("/report", responses=responses(403))

@@ -21,12 +21,30 @@ _ONE = "|".join([*m.JOB_STATES, *(s.lower() for s in m.JOB_STATES)])
 STATES_RE = f"^({_ONE})(,({_ONE}))*$"  # one state or several, comma-separated
 
 
+MAX_IDS = 1000
+JobIds = Annotated[str | None, Query(max_length=20_000, pattern=r"^[0-9]{1,19}(,[0-9]{1,19})*$",
+                                     description=f"only these jobs and the tasks of these arrays, comma-separated "
+                                     f"(at most {MAX_IDS})")]
+
+
+def job_ids(text: str | None) -> frozenset[int]:
+    """A query's comma-separated job ids (the pattern has checked their digits)."""
+    wanted = frozenset(int(x) for x in text.split(",")) if text else frozenset()
+    if len(wanted) > MAX_IDS:
+        raise Invalid(f"ids: {len(wanted)} job ids; at most {MAX_IDS} per request", "ids")
+    if any(i > MAX_ID for i in wanted):
+        raise Invalid(f"ids: job ids are at most {MAX_ID}", "ids")
+    return wanted
+
+
 @router.get("", response_model=list[JobRead], responses=responses())
 async def list_jobs(d: DaemonDep, who: Who, all: bool = False,
                     state: Annotated[list[Annotated[str, Query(pattern=STATES_RE)]] | None, Query()] = None,
                     user: Name = None, queue: Name = None,
-                    limit: Annotated[int, Query(ge=1, le=100000)] = 5000):
-    """Jobs waiting or running (`all` for finished ones too, newest first); filter by state, user, queue."""
+                    limit: Annotated[int, Query(ge=1, le=100000)] = 5000,
+                    ids: JobIds = None):
+    """Jobs waiting or running (`all` for finished ones too, newest first); filter by state, user,
+    queue or ids. At most `limit`: a page as long as the limit may have more after it."""
     states: set[str] = set()
     for part in state or ():
         states.update(x.strip().upper() for x in part.split(",") if x.strip())
@@ -39,7 +57,7 @@ async def list_jobs(d: DaemonDep, who: Who, all: bool = False,
         except ValueError as e:
             raise Invalid(str(e), name) from None
     return Json(d.jobs.list(who, JobFilter(all=all, states=frozenset(states), user=user, queue=queue,
-                                           limit=limit)))
+                                           limit=limit, ids=job_ids(ids))))
 
 
 @router.post("", status_code=201, response_model=JobRead, responses=responses(403, 404, 409))
