@@ -22,6 +22,7 @@ import logging
 import time
 from typing import Any
 
+from sqlalchemy import func
 from sqlalchemy import select as sa_select
 
 from .. import models as m
@@ -70,6 +71,16 @@ def estimate_basis(uses_predictions: bool) -> str:
     return "time limits of running jobs"
 
 
+def warm_up_query(n: int):
+    """The last `n` finished jobs whose run time counts, newest first: the end_time index read
+    backwards until n of them are found. The states are matched on an expression, as their
+    index would lead the plan through every finished job ever run, then sort them (1.5 s at
+    500,000; a new leader reads this when it takes office)."""
+    return (sa_select(*_HISTORY_COLUMNS)
+            .where(func.coalesce(_T.state, "").in_(sorted(OBSERVED_STATES)), _T.end_time.is_not(None))
+            .order_by(_T.end_time.desc(), _T.id.desc()).limit(n))
+
+
 class RunTimePrediction:
     """Owns the daemon's Predictor: warmed from the database, fed by job ends, asked at submit."""
 
@@ -83,10 +94,8 @@ class RunTimePrediction:
     def warm_up(self) -> int:
         """Learn from the last `warm_up_jobs` finished jobs, oldest first; how many ran."""
         t0 = time.perf_counter()
-        q = (sa_select(*_HISTORY_COLUMNS).where(_T.state.in_(OBSERVED_STATES), _T.end_time.is_not(None))
-             .order_by(_T.end_time.desc(), _T.id.desc()).limit(self.warm_up_jobs))
         with self.store.engine.connect() as conn:
-            rows = conn.execute(q).all()
+            rows = conn.execute(warm_up_query(self.warm_up_jobs)).all()
         # learned into a new model that replaces the old one at the end: a PostgreSQL daemon warms
         # up in a thread when it takes office, while its API may already be predicting
         old = self.predictor

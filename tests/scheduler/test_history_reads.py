@@ -19,6 +19,7 @@ from scheduler.daemon import Daemon, ManualClock
 from scheduler.daemon.accounting import history_query, usage_query
 from scheduler.daemon.caller import Caller
 from scheduler.daemon.jobs import JobFilter, listing_query
+from scheduler.daemon.prediction import warm_up_query
 from scheduler.models import Job
 from tests.conftest import leading_daemon
 
@@ -159,6 +160,25 @@ def test_sqlite_reads_the_window_not_every_job(tmp_path, user, states):
         assert "ix_job_end_time" in plan, plan
         assert "ix_job_state_queue" not in plan, plan  # every job of a state ever run
     d.engine.dispose()
+
+
+def test_sqlite_warms_the_run_time_predictions_up_from_the_newest_ends_only(tmp_path):
+    """A new leader learns run times from the last finished jobs: the end_time index, read
+    backwards, not every finished job ever run sorted by its end."""
+    d = Daemon(DaemonConfig(db=str(tmp_path / "t.db")), tmp_path / "home", ManualClock(NOW))
+    d.prepare()
+    plan = _plan(d, warm_up_query(50_000))
+    assert plan == "SEARCH job USING INDEX ix_job_end_time (end_time>?)", plan
+    d.engine.dispose()
+
+
+def test_the_warm_up_learns_the_newest_finished_runs(daemon):
+    d, rows = daemon
+    learned = d.prediction.warm_up()
+    ran = [r for r in rows if r["state"] in (m.COMPLETED, m.FAILED, m.CANCELLED, m.TIMEOUT) and r["start_time"]]
+    assert learned == len(ran)
+    d.prediction.warm_up_jobs = 10
+    assert d.prediction.warm_up() == 10
 
 
 @pytest.mark.parametrize("states", [{m.COMPLETED}, {m.FAILED, m.CANCELLED, m.TIMEOUT}])
