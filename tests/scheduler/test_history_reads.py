@@ -64,9 +64,10 @@ def expected(rows: list[dict], a: float, b: float, user=None, states=frozenset()
     return hits[:limit]  # inserted in id order
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def daemon(request, tmp_path):
-    d = leading_daemon(request, tmp_path, "history", ManualClock(NOW))
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def daemon(request, tmp_path_factory):
+    """One history per database for the module: the tests below only read it."""
+    d = leading_daemon(request, tmp_path_factory.mktemp("history"), "history", ManualClock(NOW))
     rows = history(random.Random(13))
     with d.store.tx() as s:
         s.execute(insert(Job.__table__), [Job(**r).model_dump(exclude={"id"}) for r in rows])
@@ -178,7 +179,11 @@ def test_the_warm_up_learns_the_newest_finished_runs(daemon):
     ran = [r for r in rows if r["state"] in (m.COMPLETED, m.FAILED, m.CANCELLED, m.TIMEOUT) and r["start_time"]]
     assert learned == len(ran)
     d.prediction.warm_up_jobs = 10
-    assert d.prediction.warm_up() == 10
+    try:
+        assert d.prediction.warm_up() == 10
+    finally:
+        d.prediction.warm_up_jobs = len(rows)
+        d.prediction.warm_up()
 
 
 @pytest.mark.parametrize("states", [{m.COMPLETED}, {m.FAILED, m.CANCELLED, m.TIMEOUT}])
