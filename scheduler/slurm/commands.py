@@ -142,11 +142,12 @@ def squeue(fmt, me, users, states, job_ids, partition, noheader, names, accounts
     known = (wanted_states or set()) & DAEMON_STATES  # not ALL, nor the old words HELD and STARTING
     if known and "ALL" not in wanted_states:
         query["state"] = ",".join(sorted(known))
-    if job_ids:
-        ids = sorted({int(x) for x in job_ids.split(",") if x.strip().isdigit()})
+    ids: set[int] = set()
+    if job_ids:  # ARRAY_TASK names its array here, as in sacct -j (each task has its own id)
+        ids = {int(x.strip().split("_")[0]) for x in job_ids.split(",") if x.strip().split("_")[0].isdigit()}
         if not ids:
             raise click.UsageError(f"no job id in --jobs {job_ids!r}")
-        query["ids"] = ",".join(map(str, ids[:1000]))
+        query["ids"] = ",".join(map(str, sorted(ids)[:1000]))
     jobs = call(c.jobs, prog="squeue", **query)
     if len(jobs) >= SQUEUE_LIMIT:
         click.echo(f"squeue: showing the first {SQUEUE_LIMIT:,} jobs; narrow it with -u, -t, -p or -j", err=True)
@@ -158,8 +159,7 @@ def squeue(fmt, me, users, states, job_ids, partition, noheader, names, accounts
         jobs = [j for j in jobs if j["state"] in wanted_states]
     elif not job_ids and wanted_states is None:
         jobs = [j for j in jobs if j["state"] in ACTIVE]
-    if job_ids:
-        ids = {int(x) for x in job_ids.split(",") if x.strip().isdigit()}
+    if ids:
         jobs = [j for j in jobs if j["id"] in ids or j.get("array_job_id") in ids]
     if partition:
         wanted = set(partition.split(","))

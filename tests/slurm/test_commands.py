@@ -117,6 +117,9 @@ def test_squeue_and_jobs_find_a_users_jobs_behind_a_backlog_longer_than_a_page(d
         assert r.stdout.splitlines() == [f"{mine} mine bob"], args
     r = squeue("-h", "-o", "%i", "-j", str(backlog))
     assert len(r.stdout.splitlines()) == 5001
+    r = squeue("-h", "-o", "%i", "-j", f"{backlog}_7")  # Slurm's ARRAY_TASK: its array here
+    assert len(r.stdout.splitlines()) == 5001
+    assert squeue("-j", "x").returncode == 2
     r = squeue("-h", "-o", "%i")
     assert len(r.stdout.splitlines()) == 5002 and r.stderr == ""
 
