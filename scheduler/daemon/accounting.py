@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, union_all
 from sqlalchemy import select as sa_select
+from sqlalchemy import union_all
 from sqlmodel import or_, select
 
 from .. import accounting as acct
@@ -26,7 +26,7 @@ from ..store import row_objects
 from .caller import Caller
 from .clock import Clock
 from .errors import Forbidden, Invalid
-from .state import StateStore
+from .state import StateStore, jobs_and_tasks, state_among
 
 log = logging.getLogger("trainyard.accounting")
 
@@ -176,14 +176,11 @@ def history_query(a: float, b: float, user: str | None = None, states: frozenset
     """The jobs that existed in [a, b), oldest first: submitted before b, not ended before a.
     The window leads the plan: the live jobs (no end_time) and a range of the end_time index, a
     small part of a table that holds every job ever run, where the ordering by id would make a
-    planner without statistics scan it all. The states are matched on an expression, as their
-    index would lead the plan through every job of those states ever run. With `ids`, the
-    jobs of those ids and the tasks of the arrays among them lead instead (sacct -j)."""
+    planner without statistics scan it all; the states never lead (`state_among`). With `ids`,
+    the jobs of those ids and the tasks of the arrays among them lead instead (sacct -j)."""
     t = Job.__table__.c
     if ids:
-        chosen = sorted(ids)
-        lead = union_all(sa_select(t.id).where(t.id.in_(chosen)), sa_select(t.id).where(t.array_parent.in_(chosen)))
-        q = sa_select(Job.__table__).where(t.id.in_(lead), t.submit_time < b,
+        q = sa_select(Job.__table__).where(jobs_and_tasks(ids), t.submit_time < b,
                                            or_(t.end_time.is_(None), t.end_time >= a))
     else:
         window = union_all(sa_select(t.id).where(t.end_time.is_(None)), sa_select(t.id).where(t.end_time >= a))
@@ -191,7 +188,7 @@ def history_query(a: float, b: float, user: str | None = None, states: frozenset
     if user is not None:
         q = q.where(t.user == user)
     if states:
-        q = q.where(func.coalesce(t.state, "").in_(sorted(states)))
+        q = q.where(state_among(states))
     return q.order_by(t.id).limit(limit)
 
 

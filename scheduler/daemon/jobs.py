@@ -22,7 +22,7 @@ from .errors import Conflict, DomainError, Forbidden, NotFound
 from .lifecycle import JobLifecycle, signal_spec
 from .links import NodeLinks
 from .prediction import prediction_json
-from .state import StateStore
+from .state import StateStore, jobs_and_tasks
 from .views import job_json
 
 ACTIONS = ("cancel", "hold", "release", "requeue")
@@ -107,10 +107,8 @@ def listing_query(f: JobFilter):
     where = [t.user == f.user] if f.user else []
     if f.queue:
         where.append(t.queue == f.queue)
-    if f.ids:  # a few ids lead: the primary key and the array_parent index
-        chosen = sorted(f.ids)
-        where.append(t.id.in_(union_all(sa_select(t.id).where(t.id.in_(chosen)),
-                                        sa_select(t.id).where(t.array_parent.in_(chosen)))))
+    if f.ids:
+        where.append(jobs_and_tasks(f.ids))
         if f.states:
             where.append(t.state.in_(sorted(f.states)))
     elif len(f.states) > 1:

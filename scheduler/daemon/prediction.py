@@ -22,13 +22,12 @@ import logging
 import time
 from typing import Any
 
-from sqlalchemy import func
 from sqlalchemy import select as sa_select
 
 from .. import models as m
 from ..models import Job
 from ..predict import JobFeatures, Prediction, Predictor
-from .state import StateStore
+from .state import StateStore, state_among
 
 log = logging.getLogger("trainyard.daemon")
 
@@ -73,11 +72,11 @@ def estimate_basis(uses_predictions: bool) -> str:
 
 def warm_up_query(n: int):
     """The last `n` finished jobs whose run time counts, newest first: the end_time index read
-    backwards until n of them are found. The states are matched on an expression, as their
-    index would lead the plan through every finished job ever run, then sort them (1.5 s at
-    500,000; a new leader reads this when it takes office)."""
+    backwards until n of them are found; the states never lead (`state_among`: their index
+    would read every finished job ever run and sort them, 1.5 s at 500,000, when a new leader
+    takes office)."""
     return (sa_select(*_HISTORY_COLUMNS)
-            .where(func.coalesce(_T.state, "").in_(sorted(OBSERVED_STATES)), _T.end_time.is_not(None))
+            .where(state_among(OBSERVED_STATES), _T.end_time.is_not(None))
             .order_by(_T.end_time.desc(), _T.id.desc()).limit(n))
 
 
