@@ -521,19 +521,27 @@ def logs(job_id, follow, rank, attempt, as_json):
         time.sleep(0.5)
 
 
+def _job_refs(ctx, param, value):
+    """-j/--jobs as Slurm's commands read it (scheduler/slurm/api.py)."""
+    from .slurm.api import job_refs_option  # noqa: PLC0415 (the Slurm commands' parser, loaded when asked)
+
+    return job_refs_option(ctx, param, value)
+
+
 @cli.command()
 @click.option("-S", "--starttime", help="Window start [default: 24 hours ago]; YYYY-MM-DD[THH:MM[:SS]] or now-7days.")
 @click.option("-E", "--endtime", help="Window end [default: now].")
 @click.option("-u", "--user", help="Only this user's jobs (operators; users see their own).")
 @click.option("-s", "--state", help="Only jobs in these states, comma-separated.")
-@click.option("-j", "--jobs", "job_ids", help="Only these jobs and the tasks of these arrays, comma-separated "
-              "ids; at any time unless -S is given.")
+@click.option("-j", "--jobs", "refs", callback=_job_refs,
+              help="Only these jobs, at any time unless -S is given: comma-separated ids (an array's id names "
+              "its tasks), ARRAY_TASK or ARRAY_[1-3].")
 @click.option("-o", "--format", "fmt", default=None, help="Fields, e.g. JobID,User%12,GPUHours [default: "
               "JobID,JobName,Partition,Account,AllocGPUS,State,ExitCode].")
 @click.option("-P", "--parsable2", "parsable", is_flag=True, help="'|' between fields.")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line.")
 @json_option
-def sacct(starttime, endtime, user, state, job_ids, fmt, parsable, as_csv, as_json):
+def sacct(starttime, endtime, user, state, refs, fmt, parsable, as_csv, as_json):
     """Job accounting, like Slurm's sacct: jobs that existed in the window, in sacct's fields."""
     from . import accounting as acct
     from .daemon.accounting import record_from_json
@@ -544,14 +552,15 @@ def sacct(starttime, endtime, user, state, job_ids, fmt, parsable, as_csv, as_js
         acct.parse_format(fmt)
     except ValueError as e:
         fail(str(e), USAGE)
-    ids = None
-    if job_ids is not None:
-        parts = [x.strip() for x in job_ids.split(",") if x.strip()]
-        if not parts or not all(x.isdigit() for x in parts):
-            fail(f"--jobs: job ids are numbers separated by commas, not {job_ids!r}", USAGE)
-        ids = ",".join(str(int(x)) for x in parts)
-    r = _get(client(), "/v1/accounting/jobs", start=start, end=end, user=user, state=state, ids=ids)
-    records = [record_from_json(j) for j in r["jobs"]]
+    c = client()
+    if refs is None:
+        r = _get(c, "/v1/accounting/jobs", start=start, end=end, user=user, state=state)
+        found = r["jobs"]
+    else:  # a page of ids at a time
+        pages = [_get(c, "/v1/accounting/jobs", start=start, end=end, user=user, state=state, ids=ids)
+                 for ids in refs.pages()]
+        r, found = pages[-1], [j for p in pages for j in p["jobs"] if refs.wants(j)]
+    records = [record_from_json(j) for j in found]
     output = "json" if as_json else "csv" if as_csv else "parsable" if parsable else "text"
     click.echo(acct.render_sacct(records, fmt, output, now=r["now"]), nl=False)
 

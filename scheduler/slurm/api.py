@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import click
 
@@ -86,6 +87,139 @@ def when(text: str) -> float:
         except ValueError:
             pass
     raise click.BadParameter(f"{text!r} is not a time; use YYYY-MM-DD[THH:MM[:SS]]")
+
+
+def squeue_time(seconds: float | None) -> str:
+    """squeue's TIME and TIME_LIMIT: M:SS, H:MM:SS, D-HH:MM:SS; UNLIMITED for none."""
+    if seconds is None:
+        return "UNLIMITED"
+    days, rest = divmod(max(0, int(seconds)), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    if days:
+        return f"{days}-{h:02d}:{m:02d}:{s:02d}"
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def sacct_time(seconds: float | None) -> str:
+    """sacct's Elapsed and Timelimit: HH:MM:SS, D-HH:MM:SS; UNLIMITED for none."""
+    if seconds is None:
+        return "UNLIMITED"
+    days, rest = divmod(max(0, int(seconds)), 86400)
+    hms = f"{rest // 3600:02d}:{rest // 60 % 60:02d}:{rest % 60:02d}"
+    return f"{days}-{hms}" if days else hms
+
+
+# ----------------------------------------------------------------------------- job ids
+MAX_IDS = 1000  # ids per request to the daemon (GET /v1/jobs and /v1/accounting/jobs take at most this)
+_JOB_REF = re.compile(r"(\d+)(?:_(\d+|\[[\d,\-]+\]))?(?:\.(?:batch|extern|interactive|\d+))?")
+
+
+@dataclass(frozen=True)
+class JobRefs:
+    """Jobs named as Slurm's commands name them: `ID` (a job; an array's id names each of its
+    tasks), `ID_TASK` and `ID_[1-3,7]` (those tasks of the array ID), each with an optional
+    step (`.batch`, `.extern`, `.0`), which names its job: trainyard runs no separate steps."""
+
+    jobs: frozenset[int]
+    tasks: frozenset[tuple[int, int]]  # (array id, task index)
+
+    def ids(self) -> list[int]:
+        """What to ask the daemon for (`ids`: those jobs and the tasks of those arrays)."""
+        return sorted(self.jobs | {array for array, _ in self.tasks})
+
+    def pages(self) -> Iterator[str]:
+        """`ids` for each request, at most MAX_IDS in one."""
+        ids = self.ids()
+        for first in range(0, len(ids), MAX_IDS):
+            yield ",".join(map(str, ids[first:first + MAX_IDS]))
+
+    def wants(self, job: dict) -> bool:
+        """Whether `job` (as the API shows it) is one of these."""
+        array = job.get("array_job_id")
+        return (job["id"] in self.jobs or array in self.jobs
+                or (array is not None and (array, job.get("array_task_id")) in self.tasks))
+
+
+def job_refs(text: str) -> JobRefs:
+    """Parse a comma list of job ids as Slurm's -j/--jobs takes it; an id that is not one is refused
+    with its text (Slurm: "Invalid job id")."""
+    jobs: set[int] = set()
+    tasks: set[tuple[int, int]] = set()
+    for raw in _split_outside_brackets(text):
+        ref = raw.strip()
+        if not ref:
+            continue
+        m = _JOB_REF.fullmatch(ref)
+        if m is None:
+            raise click.BadParameter(f"invalid job id {ref!r}: use ID, ID_TASK or ID_[FIRST-LAST,...]")
+        job, task = int(m.group(1)), m.group(2)
+        if task is None:
+            jobs.add(job)
+        elif task.startswith("["):
+            tasks |= {(job, t) for t in _task_range(task[1:-1], ref)}
+        else:
+            tasks.add((job, int(task)))
+    if not jobs and not tasks:
+        raise click.BadParameter(f"no job id in {text!r}")
+    return JobRefs(frozenset(jobs), frozenset(tasks))
+
+
+def _split_outside_brackets(text: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    return [*parts, "".join(cur)]
+
+
+def _task_range(body: str, ref: str, most: int = 100_000) -> set[int]:
+    out: set[int] = set()
+    for piece in body.split(","):
+        first, _, last = piece.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise click.BadParameter(f"invalid job id {ref!r}: task ranges are N or N-M, comma-separated")
+        lo, hi = int(first), int(last or first)
+        if hi < lo or hi - lo >= most or len(out) + hi - lo >= most:
+            raise click.BadParameter(f"invalid job id {ref!r}: at most {most:,} tasks, first <= last")
+        out.update(range(lo, hi + 1))
+    return out
+
+
+def resolve_jobs(c, refs: JobRefs, prog: str, array_task: Callable[[dict], bool] | None = None
+                 ) -> tuple[dict[int, str], list[str]]:
+    """The jobs `refs` names, to act on one by one: (job id -> the name the caller gave it, the
+    names that match no task). ID is that job, or each task of the array ID (only those for
+    which `array_task(job)` holds, when given: scancel of an array leaves its ended tasks
+    alone); ID_TASK is that task. An id this caller cannot see is kept, so that the daemon's
+    answer says why."""
+    seen = [j for ids in refs.pages() for j in call(c.jobs, prog=prog, all=True, ids=ids, limit=100_000)
+            if refs.wants(j)]
+    targets: dict[int, str] = {}
+    for job_id in sorted(refs.jobs):
+        tasks = [j for j in seen if j.get("array_job_id") == job_id]
+        if tasks:
+            targets.update((j["id"], f"{job_id}_{j['array_task_id']}") for j in tasks
+                           if array_task is None or array_task(j))
+        else:
+            targets[job_id] = str(job_id)
+    by_task = {(j.get("array_job_id"), j.get("array_task_id")): j["id"] for j in seen}
+    missing = []
+    for array, task in sorted(refs.tasks):
+        if (array, task) in by_task:
+            targets.setdefault(by_task[array, task], f"{array}_{task}")
+        else:
+            missing.append(f"{array}_{task}")
+    return dict(sorted(targets.items())), missing
+
+
+def job_refs_option(_ctx, _param, value: str | None) -> JobRefs | None:
+    """A click callback: -j/--jobs as JobRefs, refused with the option's name when it is not one."""
+    return None if value is None else job_refs(value)
 
 
 def time_limit(seconds: float | None) -> str:

@@ -26,12 +26,16 @@ from .api import (
     STATE_CODES,
     call,
     client,
-    duration,
     fail,
     iso,
+    job_refs,
+    job_refs_option,
     nodelist,
     reason,
+    resolve_jobs,
+    sacct_time,
     slurm_state,
+    squeue_time,
     when,
 )
 from .hostlist import expand
@@ -51,11 +55,14 @@ _FIELD = re.compile(r"%(\.)?(-)?(\d*)([a-zA-Z])")
 def _squeue_value(job: dict, letter: str, now: float) -> str:
     used = ((job.get("end_time") or now) - job["start_time"]) if job.get("start_time") else 0
     gpus = job.get("gpus") or 0
+    array, task = job.get("array_job_id"), job.get("array_task_id")
     values = {
-        "i": job["id"], "A": job.get("array_job_id") or job["id"], "a": job.get("account") or "",
+        "i": f"{array}_{task}" if array is not None else job["id"], "A": job["id"],
+        "F": array if array is not None else job["id"], "K": task if array is not None else "N/A",
+        "a": job.get("account") or "",
         "P": job.get("queue", ""), "j": job.get("name", ""), "u": job.get("user", ""),
         "t": STATE_CODES.get(job["state"], job["state"]), "T": slurm_state(job),
-        "M": duration(used), "l": duration(job.get("time_limit")) if job.get("time_limit") else "UNLIMITED",
+        "M": squeue_time(used), "l": squeue_time(job.get("time_limit") or None),
         "D": job.get("nodes", 1), "C": (job.get("cpus") or 1) * (job.get("nodes") or 1),
         "b": f"gpu:{gpus}" if gpus else "N/A", "N": nodelist(job), "r": reason(job),
         "R": nodelist(job) if job.get("allocation") else f"({reason(job)})",
@@ -67,7 +74,7 @@ def _squeue_value(job: dict, letter: str, now: float) -> str:
 
 def format_squeue(jobs: list[dict], fmt: str, header: bool, now: float) -> list[str]:
     """Lines of squeue output for a -o/--format string, in Slurm's field syntax (%.18i ...)."""
-    headers = {"i": "JOBID", "A": "ARRAY_JOB_ID", "a": "ACCOUNT", "P": "PARTITION", "j": "NAME",
+    headers = {"i": "JOBID", "A": "JOBID", "F": "ARRAY_JOB_ID", "K": "ARRAY_TASK_ID", "a": "ACCOUNT", "P": "PARTITION", "j": "NAME",
                "u": "USER", "t": "ST", "T": "STATE", "M": "TIME", "l": "TIME_LIMIT", "D": "NODES",
                "C": "CPUS", "b": "TRES_PER_NODE", "N": "NODELIST", "r": "REASON",
                "R": "NODELIST(REASON)", "Q": "PRIORITY", "V": "SUBMIT_TIME", "S": "START_TIME",
@@ -114,7 +121,8 @@ SQUEUE_LIMIT = 100_000  # the API's largest page
 @click.option("--me", is_flag=True, help="Only my jobs.")
 @click.option("-u", "--user", "users", help="Only these users' jobs (comma list).")
 @click.option("-t", "--states", help="Only these states (PD,R,... or PENDING,RUNNING,...; ALL).")
-@click.option("-j", "--jobs", "job_ids", help="Only these job ids (comma list).")
+@click.option("-j", "--jobs", "refs", callback=job_refs_option,
+              help="Only these jobs (comma list: ID, ARRAY_TASK, ARRAY_[1-3]; an array's id names its tasks).")
 @click.option("-p", "--partition", help="Only these partitions (comma list).")
 @click.option("-h", "--noheader", is_flag=True, help="No header line.")
 @click.option("-n", "--name", "names", help="Only jobs with these names (comma list).")
@@ -124,7 +132,7 @@ SQUEUE_LIMIT = 100_000  # the API's largest page
 @click.option("-S", "--sort", help="Sort by field letters, '-' for descending (e.g. -S -Q,i).")
 @click.option("-r", "--array", is_flag=True, help="One line per array task (always so here).")
 @click.option("-a", "--all", "all_partitions", is_flag=True, help="All partitions (always so here).")
-def squeue(fmt, me, users, states, job_ids, partition, noheader, names, accounts, nodelist, long_format,
+def squeue(fmt, me, users, states, refs, partition, noheader, names, accounts, nodelist, long_format,
            sort, array, all_partitions):
     """Jobs in the queue, in squeue's format and state codes."""
     if long_format and fmt == SQUEUE_DEFAULT:
@@ -134,7 +142,7 @@ def squeue(fmt, me, users, states, job_ids, partition, noheader, names, accounts
     all_states = wanted_states is not None and ("ALL" in wanted_states or not wanted_states <= ACTIVE)
     # what the daemon can filter, it does: a page holds at most SQUEUE_LIMIT jobs, and a busy
     # cluster has more than the default page waiting (the filters below still apply)
-    query: dict = {"all": all_states or bool(job_ids), "limit": SQUEUE_LIMIT}
+    query: dict = {"all": all_states or refs is not None, "limit": SQUEUE_LIMIT}
     if me:
         query["user"] = me_user = call(c.me, prog="squeue")["user"]
     elif users and "," not in users:
@@ -142,13 +150,10 @@ def squeue(fmt, me, users, states, job_ids, partition, noheader, names, accounts
     known = (wanted_states or set()) & DAEMON_STATES  # not ALL, nor the old words HELD and STARTING
     if known and "ALL" not in wanted_states:
         query["state"] = ",".join(sorted(known))
-    ids: set[int] = set()
-    if job_ids:  # ARRAY_TASK names its array here, as in sacct -j (each task has its own id)
-        ids = {int(x.strip().split("_")[0]) for x in job_ids.split(",") if x.strip().split("_")[0].isdigit()}
-        if not ids:
-            raise click.UsageError(f"no job id in --jobs {job_ids!r}")
-        query["ids"] = ",".join(map(str, sorted(ids)[:1000]))
-    jobs = call(c.jobs, prog="squeue", **query)
+    if refs is None:
+        jobs = call(c.jobs, prog="squeue", **query)
+    else:  # the ids a page at a time; each page names jobs and arrays whose tasks all come back
+        jobs = [j for ids in refs.pages() for j in call(c.jobs, prog="squeue", **query, ids=ids) if refs.wants(j)]
     if len(jobs) >= SQUEUE_LIMIT:
         click.echo(f"squeue: showing the first {SQUEUE_LIMIT:,} jobs; narrow it with -u, -t, -p or -j", err=True)
     if me:
@@ -157,10 +162,8 @@ def squeue(fmt, me, users, states, job_ids, partition, noheader, names, accounts
         jobs = [j for j in jobs if j["user"] in users.split(",")]
     if wanted_states and "ALL" not in wanted_states:
         jobs = [j for j in jobs if j["state"] in wanted_states]
-    elif not job_ids and wanted_states is None:
+    elif refs is None and wanted_states is None:
         jobs = [j for j in jobs if j["state"] in ACTIVE]
-    if ids:
-        jobs = [j for j in jobs if j["id"] in ids or j.get("array_job_id") in ids]
     if partition:
         wanted = set(partition.split(","))
         aliases = {a: q["name"] for q in call(c.queues, prog="squeue") for a in q.get("aliases") or ()}
@@ -173,6 +176,7 @@ def squeue(fmt, me, users, states, job_ids, partition, noheader, names, accounts
     if nodelist:
         hosts = set(expand(nodelist))
         jobs = [j for j in jobs if hosts & {a["node"] for a in j.get("allocation") or ()}]
+    jobs.sort(key=lambda j: j["id"])  # oldest first, whatever page the daemon gave (-S sorts on this)
     for key in reversed((sort or "").split(",")):
         if key.strip("-+"):
             letter = key.strip("-+")
@@ -186,19 +190,24 @@ def squeue(fmt, me, users, states, job_ids, partition, noheader, names, accounts
 @click.command("scancel", context_settings={"help_option_names": ["--help"]})
 @click.argument("job_ids", nargs=-1, required=True)
 def scancel(job_ids):
-    """Cancel jobs (silent on success, as scancel is)."""
+    """Cancel jobs, silent on success as scancel is: ID cancels that job, or every unfinished task
+    of the array ID; ID_TASK and ID_[1-3,7] cancel those tasks of the array ID."""
     from ..client import ApiError
 
+    try:
+        refs = job_refs(",".join(job_ids))
+    except click.BadParameter as e:
+        fail(e.message, EXIT_USAGE, "scancel")
     c = client()
-    failed = False
-    for raw in job_ids:
-        job_id = raw.split("_", 1)[0]
-        if not job_id.isdigit():
-            fail(f"Invalid job id {raw}", EXIT_USAGE, "scancel")
+    targets, missing = resolve_jobs(c, refs, "scancel", lambda j: j["state"] in ACTIVE)
+    for name in missing:
+        click.echo(f"scancel: error: Kill job error on job id {name}: Invalid job id specified", err=True)
+    failed = bool(missing)
+    for job_id, name in targets.items():
         try:
-            c.cancel(int(job_id))
+            c.cancel(job_id)
         except ApiError as e:
-            click.echo(f"scancel: error: Kill job error on job id {raw}: {e.detail}", err=True)
+            click.echo(f"scancel: error: Kill job error on job id {name}: {e.detail}", err=True)
             failed = True
     if failed:
         sys.exit(EXIT_REFUSED)
@@ -259,16 +268,18 @@ def sbatch(args):
 # ----------------------------------------------------------------------------- sacct
 def _sacct_value(job: dict, field: str) -> str:
     exit_code = job.get("exit_code")
+    array, task = job.get("array_job_id"), job.get("array_task_id")
     values = {
-        "jobid": job["id"], "jobname": job.get("name", ""), "partition": job.get("queue", ""),
+        "jobid": f"{array}_{task}" if array is not None else job["id"], "jobidraw": job["id"],
+        "jobname": job.get("name", ""), "partition": job.get("queue", ""),
         "account": job.get("account") or "", "alloccpus": (job.get("cpus") or 1) * (job.get("nodes") or 1),
         "state": slurm_state(job), "exitcode": f"{exit_code if exit_code is not None else 0}:0",
         "user": job.get("user", ""), "nnodes": job.get("nodes", 1), "nodelist": nodelist(job) or "None assigned",
         "submit": iso(job.get("submit_time")), "start": iso(job.get("start_time")) if job.get("start_time")
         else "Unknown", "end": iso(job.get("end_time")) if job.get("end_time") else "Unknown",
-        "elapsed": duration(((job.get("end_time") or time.time()) - job["start_time"])
-                             if job.get("start_time") else 0),
-        "timelimit": duration(job.get("time_limit")) if job.get("time_limit") else "UNLIMITED",
+        "elapsed": sacct_time(((job.get("end_time") or time.time()) - job["start_time"])
+                               if job.get("start_time") else 0),
+        "timelimit": sacct_time(job.get("time_limit") or None),
         "reqmem": f"{job.get('mem') or 0}M", "allocgres": f"gpu:{job.get('gpus') or 0}",
         "reason": reason(job),
     }
@@ -288,7 +299,8 @@ def accounting_jobs(c, start: float | None, end: float | None, user: str | None,
 
 @click.command("sacct", context_settings={"help_option_names": ["--help"]})
 @click.option("-o", "--format", "fields", default=SACCT_DEFAULT, show_default=True, help="Fields, comma list.")
-@click.option("-j", "--jobs", "job_ids", help="Only these job ids (any time).")
+@click.option("-j", "--jobs", "refs", callback=job_refs_option,
+              help="Only these jobs, at any time (comma list: ID, ARRAY_TASK, ARRAY_[1-3], ID.batch).")
 @click.option("-S", "--starttime", help="Jobs that ended after this time [default: 00:00 today].")
 @click.option("-E", "--endtime", help="Jobs that started before this time [default: now].")
 @click.option("-s", "--state", "states", help="Only these states (CD,F,CA,... or COMPLETED,...).")
@@ -298,18 +310,14 @@ def accounting_jobs(c, start: float | None, end: float | None, user: str | None,
 @click.option("-u", "--user", "users", help="Only these users.")
 @click.option("-a", "--allusers", is_flag=True, help="Every user's jobs (operators).")
 @click.option("-X", "--allocations", is_flag=True, help="Allocations only (trainyard has no steps).")
-def sacct(fields, job_ids, starttime, endtime, states, parsable, parsable2, noheader, users, allusers,
+def sacct(fields, refs, starttime, endtime, states, parsable, parsable2, noheader, users, allusers,
           allocations):
     """Accounting of jobs, in sacct's fields and layout."""
     c = client()
     until = when(endtime) if endtime else None
-    if job_ids:  # at any time unless -S is given, every user's that the caller may read (as Slurm)
-        ids = sorted({int(x.split("_")[0]) for x in job_ids.split(",") if x.split("_")[0].isdigit()})
-        if not ids:
-            raise click.UsageError(f"no job id in --jobs {job_ids!r}")
+    if refs is not None:  # at any time unless -S is given, every user's that the caller may read (as Slurm)
         since = when(starttime) if starttime else None
-        jobs = [j for first in range(0, len(ids), 1000)
-                for j in accounting_jobs(c, since, until, None, ",".join(map(str, ids[first:first + 1000])))]
+        jobs = [j for ids in refs.pages() for j in accounting_jobs(c, since, until, None, ids) if refs.wants(j)]
     else:
         since = when(starttime) if starttime else time.mktime(time.localtime()[:3] + (0, 0, 0, 0, 0, -1))
         one_user = users if users and "," not in users else None

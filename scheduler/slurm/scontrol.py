@@ -8,29 +8,39 @@ import os
 import click
 
 from .api import (
+    EXIT_REFUSED,
     EXIT_USAGE,
     call,
     client,
     fail,
     iso,
+    job_refs,
     nodelist,
     reason,
+    resolve_jobs,
     slurm_state,
     time_limit,
 )
 from .hostlist import HostlistError, compress, expand
 from .sinfo import node_state
 
+# of an array named by its id, the tasks that a verb acts on (requeue: every task)
+_ARRAY_TASKS = {"hold": lambda j: j["state"] == "PENDING" and not j.get("held"),
+                "release": lambda j: bool(j.get("held"))}
+_ARRAY_TASKS["uhold"] = _ARRAY_TASKS["hold"]
 
-def _job_ids(text: str) -> list[int]:
-    ids = []
-    for raw in text.split(","):
-        head = raw.split("_", 1)[0]
-        if not head.isdigit():
-            fail(f"Invalid job id specified: {raw!r}; give a number such as 42 (or 42_3)", EXIT_USAGE,
-                 "scontrol")
-        ids.append(int(head))
-    return ids
+
+def _job_ids(c, text: str, array_task=None) -> list[int]:
+    """The jobs `text` names (ID, ARRAY_TASK, ARRAY_[1-3], comma-separated; an array's id is
+    its tasks, those for which `array_task(job)` holds when given)."""
+    try:
+        refs = job_refs(text)
+    except click.BadParameter as e:
+        fail(f"Invalid job id specified: {e.message}", EXIT_USAGE, "scontrol")
+    targets, missing = resolve_jobs(c, refs, "scontrol", array_task)
+    if missing:
+        fail(f"Invalid job id specified: no task {', '.join(missing)}", EXIT_REFUSED, "scontrol")
+    return list(targets)
 
 
 def show_job(job: dict) -> str:
@@ -90,9 +100,10 @@ def _update(c, pairs: tuple[str, ...]) -> None:
             fail(f"update: {pair!r} is not KEY=VALUE; e.g. `scontrol update JobId=42 Priority=10`",
                  EXIT_USAGE, "scontrol")
         fields[key.lower()] = value
-    ids = _job_ids(fields.pop("jobid", "") or fields.pop("job", "") or "")
-    if not ids:
+    named = fields.pop("jobid", "") or fields.pop("job", "") or ""
+    if not named:
         fail("update: name the job with JobId=ID", EXIT_USAGE, "scontrol")
+    ids = _job_ids(c, named)
     for key, value in fields.items():
         if key == "priority":
             if not value.lstrip("-").isdigit():
@@ -152,7 +163,7 @@ def scontrol(words):
         return
     c = client()
     if verb == "show" and rest and rest[0].lower() in ("job", "jobs"):
-        jobs = [call(c.job, i, prog="scontrol") for i in _job_ids(rest[1])] if len(rest) > 1 \
+        jobs = [call(c.job, i, prog="scontrol") for i in _job_ids(c, rest[1])] if len(rest) > 1 \
             else call(c.jobs, prog="scontrol")
         click.echo("\n".join(show_job(j) for j in jobs), nl=False)
     elif verb == "show" and rest and rest[0].lower() in ("node", "nodes"):
@@ -172,7 +183,7 @@ def scontrol(words):
                        f"PriorityTier={q.get('priority', 0)}\n")
     elif verb in ("hold", "uhold", "release", "requeue") and rest:
         action = {"hold": c.hold, "uhold": c.hold, "release": c.release, "requeue": c.requeue}[verb]
-        for job_id in _job_ids(",".join(rest)):
+        for job_id in _job_ids(c, ",".join(rest), _ARRAY_TASKS.get(verb)):
             call(action, job_id, prog="scontrol")
     elif verb == "update" and rest:
         _update(c, rest)

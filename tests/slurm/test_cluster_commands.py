@@ -128,7 +128,7 @@ def test_scontrol_hold_release_update_and_show(cluster):
     assert r.stdout.startswith("NodeName=gpu-01 ") and "AvailableFeatures=a100" in r.stdout
     assert slurm(d, "scontrol", "show", "hostnames", "gpu-[01-02]").stdout == "gpu-01\ngpu-02\n"
     r = slurm(d, "scontrol", "hold", "abc")
-    assert r.returncode == 2 and "Invalid job id specified: 'abc'" in r.stderr
+    assert r.returncode == 2 and "Invalid job id specified: invalid job id 'abc'" in r.stderr
     r = slurm(d, "scontrol", "show", "partition", "gpu")
     assert r.stdout.startswith("PartitionName=gpu\n") and "MaxTime=1-00:00:00" in r.stdout
 

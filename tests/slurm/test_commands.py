@@ -6,7 +6,11 @@ import json
 import subprocess
 import sys
 
-from scheduler.slurm.commands import format_squeue
+import click
+import pytest
+
+from scheduler.slurm.api import job_refs, sacct_time, squeue_time
+from scheduler.slurm.commands import _sacct_value, format_squeue
 
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name=ddp-train
@@ -57,7 +61,37 @@ def test_sbatch_refuses_a_directive_slurm_rejects(daemon):
 def test_squeue_format_widths_and_justification():
     job = {"id": 7, "queue": "gpu", "name": "a-very-long-name", "user": "alice", "state": "RUNNING",
            "start_time": 100.0, "end_time": None, "nodes": 2, "allocation": [{"node": "n01"}, {"node": "n02"}]}
-    assert format_squeue([job], "%.5i|%-4j|%t|%R|%M", False, now=165.0) == ["    7|a-ve|R|n[01-02]|0:01:05"]
+    assert format_squeue([job], "%.5i|%-4j|%t|%R|%M", False, now=165.0) == ["    7|a-ve|R|n[01-02]|1:05"]
+
+
+def test_squeue_and_sacct_print_times_and_array_tasks_as_slurm_does():
+    """Scripts parse these: squeue's TIME is M:SS until an hour, sacct's Elapsed and Timelimit
+    are HH:MM:SS; an array task is ARRAY_TASK in squeue's %i and sacct's JobID."""
+    assert [squeue_time(s) for s in (0, 65, 3600, 3661, 90061, None)] == [
+        "0:00", "1:05", "1:00:00", "1:01:01", "1-01:01:01", "UNLIMITED"]
+    assert [sacct_time(s) for s in (0, 65, 3661, 90061, None)] == [
+        "00:00:00", "00:01:05", "01:01:01", "1-01:01:01", "UNLIMITED"]
+    task = {"id": 9, "array_job_id": 5, "array_task_id": 4, "queue": "gpu", "name": "sweep", "user": "alice",
+            "state": "PENDING", "time_limit": 600, "nodes": 1}
+    plain = {**task, "id": 3, "array_job_id": None, "array_task_id": None}
+    assert format_squeue([task, plain], "%i|%A|%F|%K|%l", True, now=0.0) == [
+        "JOBID|JOBID|ARRAY_JOB_ID|ARRAY_TASK_ID|TIME_LIMIT", "5_4|9|5|4|10:00", "3|3|3|N/A|10:00"]
+    assert [_sacct_value(task, f) for f in ("JobID", "JobIDRaw", "Timelimit")] == ["5_4", "9", "00:10:00"]
+    assert [_sacct_value(plain, f) for f in ("JobID", "JobIDRaw")] == ["3", "3"]
+
+
+def test_job_ids_are_read_as_slurm_writes_them():
+    refs = job_refs("12, 34_5,7_[1-3,9],8.batch,40_2.0")
+    assert refs.jobs == {12, 8} and refs.tasks == {(34, 5), (7, 1), (7, 2), (7, 3), (7, 9), (40, 2)}
+    assert refs.ids() == [7, 8, 12, 34, 40]
+    assert refs.wants({"id": 100, "array_job_id": 12, "array_task_id": 0})  # a task of array 12
+    assert refs.wants({"id": 101, "array_job_id": 7, "array_task_id": 2})
+    assert not refs.wants({"id": 102, "array_job_id": 7, "array_task_id": 4})
+    assert list(job_refs(",".join(map(str, range(2500)))).pages()) == [
+        ",".join(map(str, range(a, min(a + 1000, 2500)))) for a in (0, 1000, 2000)]
+    for bad in ("x", "12;drop", "1_x", "1_[3-1]", "1_[0-999999]", ",", "-1"):
+        with pytest.raises(click.BadParameter):
+            job_refs(bad)
 
 
 def test_sacct_j_finds_a_job_of_any_age_and_an_arrays_tasks(daemon):
@@ -75,12 +109,16 @@ def test_sacct_j_finds_a_job_of_any_age_and_an_arrays_tasks(daemon):
     r = slurm(daemon, "sacct", "-j", str(old), "-P", "--format", "JobID,JobName,State,Timelimit,AllocCPUS")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["JobID|JobName|State|Timelimit|AllocCPUS",
-                                     f"{old}|ddp-train|CANCELLED|0:10:00|4"]
+                                     f"{old}|ddp-train|CANCELLED|00:10:00|4"]
     r = slurm(daemon, "sacct", "-j", f"{array},{old}", "-P", "-n", "--format", "JobID,JobName,State")
     lines = r.stdout.splitlines()
     assert len(lines) == 5002 and lines[0] == f"{old}|ddp-train|CANCELLED"
-    assert lines[1] == f"{array}|sweep|PENDING" and all(x.endswith("|sweep|PENDING") for x in lines[1:])
-    assert slurm(daemon, "sacct", "-j", "x", "-n").returncode == 2  # no job id in it
+    assert lines[1:] == [f"{array}_{k}|sweep|PENDING" for k in range(5001)]
+    r = slurm(daemon, "sacct", "-j", f"{array}_7,{array}_[4999-5000]", "-P", "-n", "--format", "JobID,JobIDRaw")
+    assert r.stdout.splitlines() == [f"{array}_7|{array + 7}", f"{array}_4999|{array + 4999}",
+                                     f"{array}_5000|{array + 5000}"]
+    r = slurm(daemon, "sacct", "-j", "x", "-n")
+    assert r.returncode == 2 and "invalid job id 'x'" in r.stderr
 
     env = {**daemon.env, "TRAINYARD_URL": daemon.url, "TRAINYARD_TOKEN": daemon.token}
 
@@ -92,8 +130,10 @@ def test_sacct_j_finds_a_job_of_any_age_and_an_arrays_tasks(daemon):
     assert r.stdout.splitlines()[1:] == [f"{old}|ddp-train|CANCELLED"]
     r = trainyard("sacct", "-j", f"{old},{array}", "--json")
     assert len(json.loads(r.stdout)) == 5002
+    r = trainyard("sacct", "-j", f"{array}_[10-12]", "--json")
+    assert [j["JobID"] for j in json.loads(r.stdout)] == [str(array + k) for k in (10, 11, 12)]
     r = trainyard("sacct", "-j", "12;drop")
-    assert r.returncode != 0 and "--jobs: job ids are numbers" in r.stderr
+    assert r.returncode == 2 and "invalid job id '12;drop'" in r.stderr
     c._call("POST", f"/v1/jobs/{array}/cancel")
 
 
@@ -116,9 +156,9 @@ def test_squeue_and_jobs_find_a_users_jobs_behind_a_backlog_longer_than_a_page(d
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines() == [f"{mine} mine bob"], args
     r = squeue("-h", "-o", "%i", "-j", str(backlog))
-    assert len(r.stdout.splitlines()) == 5001
-    r = squeue("-h", "-o", "%i", "-j", f"{backlog}_7")  # Slurm's ARRAY_TASK: its array here
-    assert len(r.stdout.splitlines()) == 5001
+    assert r.stdout.splitlines() == [f"{backlog}_{k}" for k in range(5001)]
+    r = squeue("-h", "-o", "%i %A", "-j", f"{backlog}_7")  # Slurm's ARRAY_TASK: that task
+    assert r.stdout.splitlines() == [f"{backlog}_7 {backlog + 7}"]
     assert squeue("-j", "x").returncode == 2
     r = squeue("-h", "-o", "%i")
     assert len(r.stdout.splitlines()) == 5002 and r.stderr == ""
@@ -137,3 +177,48 @@ def test_the_commands_know_the_daemons_states():
     from scheduler.slurm.api import DAEMON_STATES
 
     assert set(JOB_STATES) == DAEMON_STATES
+
+
+def test_scancel_of_an_array_task_cancels_that_task_and_of_an_array_every_task(daemon):
+    """Slurm's scancel ARRAY_TASK ends one task, scancel ARRAY the array's unfinished tasks (a
+    job's id alone still ends that job); a task that does not exist is an error, not the array."""
+    c = daemon.client()
+    array = c.submit({"command": ["true"], "array": "0-5", "hold": True, "name": "sweep"})["id"]
+    other = c.submit({"command": ["true"], "hold": True})["id"]
+
+    def states():
+        return {j["id"] - array: j["state"] for j in c.jobs(all=True, ids=str(array))}
+    assert slurm(daemon, "scancel", f"{array}_2").returncode == 0
+    assert states() == {0: "PENDING", 1: "PENDING", 2: "CANCELLED", 3: "PENDING", 4: "PENDING", 5: "PENDING"}
+    assert slurm(daemon, "scancel", f"{array}_[4-5]").returncode == 0
+    assert sorted(k for k, st in states().items() if st == "CANCELLED") == [2, 4, 5]
+    r = slurm(daemon, "scancel", f"{array}_9")
+    assert r.returncode == 1 and f"job id {array}_9: Invalid job id specified" in r.stderr
+    assert list(states().values()).count("PENDING") == 3
+    assert slurm(daemon, "scancel", str(array)).returncode == 0
+    assert set(states().values()) == {"CANCELLED"}
+    assert c.job(other)["state"] == "PENDING"
+    r = slurm(daemon, "scancel", "12;drop")
+    assert r.returncode == 2 and "invalid job id '12;drop'" in r.stderr
+    assert slurm(daemon, "scancel", str(other)).returncode == 0 and c.job(other)["state"] == "CANCELLED"
+
+
+def test_scontrol_acts_on_the_array_task_it_is_given(daemon):
+    """`scontrol hold ARRAY_TASK` holds that task, not the array's first; `release ARRAY` every
+    held task; `show job ARRAY_TASK` shows that task."""
+    c = daemon.client()
+    array = c.submit({"command": ["true"], "array": "0-3", "name": "sweep"})["id"]
+
+    def held():
+        return sorted(j["id"] - array for j in c.jobs(all=True, ids=str(array)) if j["reason"].startswith("JobHeld"))
+    assert slurm(daemon, "scontrol", "hold", f"{array}_3").returncode == 0
+    assert held() == [3]
+    assert slurm(daemon, "scontrol", "hold", f"{array}_[0-1]").returncode == 0
+    assert held() == [0, 1, 3]
+    r = slurm(daemon, "scontrol", "show", "job", f"{array}_1")
+    assert r.stdout.startswith(f"JobId={array + 1} ") and f"ArrayJobId={array} ArrayTaskId=1" in r.stdout
+    assert slurm(daemon, "scontrol", "release", str(array)).returncode == 0
+    assert held() == []
+    r = slurm(daemon, "scontrol", "hold", f"{array}_7")
+    assert r.returncode == 1 and f"no task {array}_7" in r.stderr and held() == []
+    assert slurm(daemon, "scancel", str(array)).returncode == 0
