@@ -237,13 +237,24 @@ def totals(rows: Iterable[Usage]) -> Usage:
 _UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
 
 
+# Slurm's named times of day (today's)
+_NAMED = {"today": 0, "midnight": 0, "noon": 12, "fika": 15, "teatime": 16}
+_DATES = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%m/%d/%y-%H:%M:%S", "%m/%d/%y-%H:%M", "%m/%d/%y",
+          "%m/%d-%H:%M:%S", "%m/%d-%H:%M", "%m/%d")
+
+
 def slurm_when(text: str, now: float) -> float:
-    """A time as sacct's -S/-E take it: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], `now`, or
-    `now-N[seconds|minutes|hours|days|weeks]` (N alone is seconds); ValueError says how."""
+    """A time as sacct's -S/-E take it: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY][-HH:MM[:SS]],
+    HH:MM[:SS] (today), today, midnight, noon, fika, teatime, `now`, or
+    `now{+|-}N[seconds|minutes|hours|days|weeks]` (N alone is seconds); ValueError says how."""
     from datetime import datetime  # noqa: PLC0415
 
     t = text.strip()
-    if t.lower().startswith("now"):
+    low = t.lower()
+    day = datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
+    if low in _NAMED:
+        return day.replace(hour=_NAMED[low]).timestamp()
+    if low.startswith("now"):
         rest = t[3:].strip()
         if not rest:
             return now
@@ -252,16 +263,22 @@ def slurm_when(text: str, now: float) -> float:
         unit = body[len(number):].rstrip("s") or "second"
         if sign in "+-" and number.isdigit() and unit in _UNITS:
             return now + (1 if sign == "+" else -1) * int(number) * _UNITS[unit]
-    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%m/%d/%y", "%m/%d"):
+    for fmt in ("%H:%M:%S", "%H:%M"):
+        try:
+            clock = datetime.strptime(t, fmt)
+        except ValueError:
+            continue
+        return day.replace(hour=clock.hour, minute=clock.minute, second=clock.second).timestamp()
+    for fmt in _DATES:
         try:
             when = datetime.strptime(t, fmt)
         except ValueError:
             continue
-        if fmt == "%m/%d":
-            when = when.replace(year=datetime.fromtimestamp(now).year)
+        if "%y" not in fmt and "%Y" not in fmt:
+            when = when.replace(year=day.year)
         return when.timestamp()
-    raise ValueError(f"{text!r} is not a time; use YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY] or "
-                     "now-N[minutes|hours|days|weeks]")
+    raise ValueError(f"{text!r} is not a time; use YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY][-HH:MM[:SS]], "
+                     "HH:MM[:SS], today, midnight, noon or now-N[minutes|hours|days|weeks]")
 
 
 def slurm_time(t: float | None) -> str:

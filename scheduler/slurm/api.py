@@ -79,14 +79,13 @@ def iso(ts: float | None) -> str:
 
 
 def when(text: str) -> float:
-    from datetime import datetime
+    """sacct's -S/-E: Slurm's time formats (scheduler.accounting.slurm_when)."""
+    from ..accounting import slurm_when
 
-    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%m/%d/%y"):
-        try:
-            return datetime.strptime(text, fmt).timestamp()
-        except ValueError:
-            pass
-    raise click.BadParameter(f"{text!r} is not a time; use YYYY-MM-DD[THH:MM[:SS]]")
+    try:
+        return slurm_when(text, time.time())
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def squeue_time(seconds: float | None) -> str:
@@ -103,11 +102,9 @@ def squeue_time(seconds: float | None) -> str:
 
 def sacct_time(seconds: float | None) -> str:
     """sacct's Elapsed and Timelimit: HH:MM:SS, D-HH:MM:SS; UNLIMITED for none."""
-    if seconds is None:
-        return "UNLIMITED"
-    days, rest = divmod(max(0, int(seconds)), 86400)
-    hms = f"{rest // 3600:02d}:{rest // 60 % 60:02d}:{rest % 60:02d}"
-    return f"{days}-{hms}" if days else hms
+    from ..accounting import elapsed
+
+    return "UNLIMITED" if seconds is None else elapsed(seconds)
 
 
 # ----------------------------------------------------------------------------- job ids

@@ -24,6 +24,7 @@ from .api import (
     EXIT_USAGE,
     SLURM_STATE,
     STATE_CODES,
+    JobRefs,
     call,
     client,
     fail,
@@ -116,6 +117,51 @@ def _states(text: str | None) -> set[str] | None:
 SQUEUE_LIMIT = 100_000  # the API's largest page
 
 
+def select_jobs(c, prog: str, me: bool = False, users: str | None = None, states: str | None = None,
+                refs: JobRefs | None = None, partition: str | None = None, names: str | None = None,
+                accounts: str | None = None, nodelist: str | None = None) -> list[dict]:
+    """The jobs squeue's (and scancel's) filters select: the live ones unless -t or -j says
+    otherwise. What the daemon can filter, it does: a page holds at most SQUEUE_LIMIT jobs, and
+    a busy cluster has more than the default page waiting (the filters below still apply)."""
+    wanted_states = _states(states)
+    all_states = wanted_states is not None and ("ALL" in wanted_states or not wanted_states <= ACTIVE)
+    query: dict = {"all": all_states or refs is not None, "limit": SQUEUE_LIMIT}
+    if me:
+        query["user"] = me_user = call(c.me, prog=prog)["user"]
+    elif users and "," not in users:
+        query["user"] = users
+    known = (wanted_states or set()) & DAEMON_STATES  # not ALL, nor the old words HELD and STARTING
+    if known and "ALL" not in wanted_states:
+        query["state"] = ",".join(sorted(known))
+    if refs is None:
+        jobs = call(c.jobs, prog=prog, **query)
+    else:  # the ids a page at a time; each page names jobs and arrays whose tasks all come back
+        jobs = [j for ids in refs.pages() for j in call(c.jobs, prog=prog, **query, ids=ids) if refs.wants(j)]
+    if len(jobs) >= SQUEUE_LIMIT:
+        click.echo(f"{prog}: the first {SQUEUE_LIMIT:,} jobs only; narrow it with -u, -t, -p or -j", err=True)
+    if me:
+        jobs = [j for j in jobs if j["user"] == me_user]
+    if users:
+        jobs = [j for j in jobs if j["user"] in users.split(",")]
+    if wanted_states and "ALL" not in wanted_states:
+        jobs = [j for j in jobs if j["state"] in wanted_states]
+    elif refs is None and wanted_states is None:
+        jobs = [j for j in jobs if j["state"] in ACTIVE]
+    if partition:
+        wanted = set(partition.split(","))
+        aliases = {a: q["name"] for q in call(c.queues, prog=prog) for a in q.get("aliases") or ()}
+        wanted |= {aliases[p] for p in wanted if p in aliases}
+        jobs = [j for j in jobs if j.get("queue") in wanted]
+    if names:
+        jobs = [j for j in jobs if j.get("name") in names.split(",")]
+    if accounts:
+        jobs = [j for j in jobs if j.get("account") in accounts.split(",")]
+    if nodelist:
+        hosts = set(expand(nodelist))
+        jobs = [j for j in jobs if hosts & {a["node"] for a in j.get("allocation") or ()}]
+    return jobs
+
+
 @click.command("squeue", context_settings={"help_option_names": ["--help"]})
 @click.option("-o", "--format", "fmt", default=SQUEUE_DEFAULT, show_default=True, help="Output format.")
 @click.option("--me", is_flag=True, help="Only my jobs.")
@@ -138,44 +184,7 @@ def squeue(fmt, me, users, states, refs, partition, noheader, names, accounts, n
     if long_format and fmt == SQUEUE_DEFAULT:
         fmt = SQUEUE_LONG
     c = client()
-    wanted_states = _states(states)
-    all_states = wanted_states is not None and ("ALL" in wanted_states or not wanted_states <= ACTIVE)
-    # what the daemon can filter, it does: a page holds at most SQUEUE_LIMIT jobs, and a busy
-    # cluster has more than the default page waiting (the filters below still apply)
-    query: dict = {"all": all_states or refs is not None, "limit": SQUEUE_LIMIT}
-    if me:
-        query["user"] = me_user = call(c.me, prog="squeue")["user"]
-    elif users and "," not in users:
-        query["user"] = users
-    known = (wanted_states or set()) & DAEMON_STATES  # not ALL, nor the old words HELD and STARTING
-    if known and "ALL" not in wanted_states:
-        query["state"] = ",".join(sorted(known))
-    if refs is None:
-        jobs = call(c.jobs, prog="squeue", **query)
-    else:  # the ids a page at a time; each page names jobs and arrays whose tasks all come back
-        jobs = [j for ids in refs.pages() for j in call(c.jobs, prog="squeue", **query, ids=ids) if refs.wants(j)]
-    if len(jobs) >= SQUEUE_LIMIT:
-        click.echo(f"squeue: showing the first {SQUEUE_LIMIT:,} jobs; narrow it with -u, -t, -p or -j", err=True)
-    if me:
-        jobs = [j for j in jobs if j["user"] == me_user]
-    if users:
-        jobs = [j for j in jobs if j["user"] in users.split(",")]
-    if wanted_states and "ALL" not in wanted_states:
-        jobs = [j for j in jobs if j["state"] in wanted_states]
-    elif refs is None and wanted_states is None:
-        jobs = [j for j in jobs if j["state"] in ACTIVE]
-    if partition:
-        wanted = set(partition.split(","))
-        aliases = {a: q["name"] for q in call(c.queues, prog="squeue") for a in q.get("aliases") or ()}
-        wanted |= {aliases[p] for p in wanted if p in aliases}
-        jobs = [j for j in jobs if j.get("queue") in wanted]
-    if names:
-        jobs = [j for j in jobs if j.get("name") in names.split(",")]
-    if accounts:
-        jobs = [j for j in jobs if j.get("account") in accounts.split(",")]
-    if nodelist:
-        hosts = set(expand(nodelist))
-        jobs = [j for j in jobs if hosts & {a["node"] for a in j.get("allocation") or ()}]
+    jobs = select_jobs(c, "squeue", me, users, states, refs, partition, names, accounts, nodelist)
     jobs.sort(key=lambda j: j["id"])  # oldest first, whatever page the daemon gave (-S sorts on this)
     for key in reversed((sort or "").split(",")):
         if key.strip("-+"):
@@ -188,25 +197,59 @@ def squeue(fmt, me, users, states, refs, partition, noheader, names, accounts, n
 
 # ----------------------------------------------------------------------------- scancel
 @click.command("scancel", context_settings={"help_option_names": ["--help"]})
-@click.argument("job_ids", nargs=-1, required=True)
-def scancel(job_ids):
+@click.argument("job_ids", nargs=-1)
+@click.option("--me", is_flag=True, help="Only my jobs.")
+@click.option("-u", "--user", "users", help="Only this user's jobs (comma list).")
+@click.option("-t", "--state", "states", help="Only jobs in these states (PENDING/PD, RUNNING/R; comma list).")
+@click.option("-n", "--name", "--jobname", "names", help="Only jobs with these names (comma list).")
+@click.option("-p", "--partition", help="Only jobs in these partitions (comma list).")
+@click.option("-A", "--account", "accounts", help="Only jobs charged to these accounts (comma list).")
+@click.option("-w", "--nodelist", help="Only jobs on these nodes (hostlist).")
+@click.option("-s", "--signal", "signal_name", help="Not supported: trainyard cancels (SIGTERM, then SIGKILL).")
+@click.option("-f", "--full", is_flag=True, hidden=True)
+@click.option("-b", "--batch", is_flag=True, hidden=True)
+@click.option("-H", "--hurry", is_flag=True, hidden=True)
+@click.option("-Q", "--quiet", is_flag=True, help="No error for jobs that have already ended.")
+@click.option("-v", "--verbose", is_flag=True, hidden=True)
+def scancel(job_ids, me, users, states, names, partition, accounts, nodelist, signal_name, full, batch, hurry,
+            quiet, verbose):
     """Cancel jobs, silent on success as scancel is: ID cancels that job, or every unfinished task
-    of the array ID; ID_TASK and ID_[1-3,7] cancel those tasks of the array ID."""
+    of the array ID; ID_TASK and ID_[1-3,7] cancel those tasks of the array ID. With filters
+    (--me, -u, -t, -n, -p, -A, -w) and no ids, every live job they select; with ids, those
+    among them."""
     from ..client import ApiError
 
+    if signal_name:
+        fail(f"--signal={signal_name}: trainyard does not send a job other signals than its "
+             "cancellation's (SIGTERM, then SIGKILL after the grace time)", EXIT_USAGE, "scancel")
+    filtered = any((me, users, states, names, partition, accounts, nodelist))
+    if not job_ids and not filtered:
+        fail("No job identification provided: give job ids, or filters such as --me, -u, -n, -t", EXIT_REFUSED,
+             "scancel")
     try:
-        refs = job_refs(",".join(job_ids))
+        refs = job_refs(",".join(job_ids)) if job_ids else None
     except click.BadParameter as e:
         fail(e.message, EXIT_USAGE, "scancel")
     c = client()
-    targets, missing = resolve_jobs(c, refs, "scancel", lambda j: j["state"] in ACTIVE)
+    if refs is not None:
+        targets, missing = resolve_jobs(c, refs, "scancel", lambda j: j["state"] in ACTIVE)
+    else:
+        targets, missing = {}, []
+    if filtered:  # the live jobs the filters select, among the ids when there are any
+        chosen = select_jobs(c, "scancel", me, users, states, refs, partition, names, accounts, nodelist)
+        live = {j["id"] for j in chosen if j["state"] in ACTIVE}
+        targets = ({k: v for k, v in targets.items() if k in live} if refs is not None
+                   else {j: str(j) for j in sorted(live)})
+    failed = False
     for name in missing:
         click.echo(f"scancel: error: Kill job error on job id {name}: Invalid job id specified", err=True)
-    failed = bool(missing)
+        failed = True
     for job_id, name in targets.items():
         try:
             c.cancel(job_id)
         except ApiError as e:
+            if quiet and e.status == 409:
+                continue
             click.echo(f"scancel: error: Kill job error on job id {name}: {e.detail}", err=True)
             failed = True
     if failed:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import pytest
@@ -156,5 +157,12 @@ def test_sacct_by_job_ids_at_any_time_with_what_each_asked_for(history):
 def test_sacct_times_as_slurm_takes_them():
     assert acct.slurm_when("now-2hours", NOW) == NOW - 2 * H
     assert acct.slurm_when("now-7days", NOW) == NOW - 7 * 86400
-    with pytest.raises(ValueError, match="now-N"):
-        acct.slurm_when("yesterday", NOW)
+    day = datetime.datetime.fromtimestamp(NOW).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert acct.slurm_when("today", NOW) == acct.slurm_when("midnight", NOW) == day.timestamp()
+    assert acct.slurm_when("noon", NOW) == day.replace(hour=12).timestamp()
+    assert acct.slurm_when("08:30", NOW) == day.replace(hour=8, minute=30).timestamp()
+    assert acct.slurm_when("03/04/25-10:20:30", NOW) == datetime.datetime(2025, 3, 4, 10, 20, 30).timestamp()
+    assert acct.slurm_when("2025-03-04", NOW) == datetime.datetime(2025, 3, 4).timestamp()
+    for bad in ("yesterday", "25:00", "now-2fortnights", "13/45"):
+        with pytest.raises(ValueError, match="now-N"):
+            acct.slurm_when(bad, NOW)

@@ -48,6 +48,11 @@ def test_sbatch_hold_then_squeue_scancel_and_sacct(daemon):
     assert slurm(daemon, "scancel", str(job_id)).returncode == 0
     r = slurm(daemon, "sacct", "-j", str(job_id), "--parsable2", "--format", "JobID,JobName,State")
     assert r.stdout.splitlines() == ["JobID|JobName|State", f"{job_id}|ddp-train|CANCELLED"]
+    for since in ("now-1hours", "today", "midnight"):  # Slurm's relative and named times
+        r = slurm(daemon, "sacct", "-S", since, "-P", "-n", "--format", "JobID,State")
+        assert r.returncode == 0 and f"{job_id}|CANCELLED" in r.stdout.splitlines(), (since, r.stderr)
+    r = slurm(daemon, "sacct", "-S", "yesterday-ish")
+    assert r.returncode == 2 and "is not a time" in r.stderr
 
 
 def test_sbatch_refuses_a_directive_slurm_rejects(daemon):
@@ -222,3 +227,39 @@ def test_scontrol_acts_on_the_array_task_it_is_given(daemon):
     r = slurm(daemon, "scontrol", "hold", f"{array}_7")
     assert r.returncode == 1 and f"no task {array}_7" in r.stderr and held() == []
     assert slurm(daemon, "scancel", str(array)).returncode == 0
+
+
+def test_scancel_by_user_name_and_state_cancels_what_the_filters_select(daemon):
+    """`scancel -u $USER`, `scancel --me -n NAME`, `scancel -t PD` as scripts write them: only
+    the live jobs the filters select; with ids, only those among them."""
+    admin = daemon.client()
+    bob = admin.create_token("bob", "user")["token"]
+    eve = admin.create_token("eve", "user")["token"]
+    c_bob, c_eve = daemon.client(bob), daemon.client(eve)
+    a = c_bob.submit({"command": ["true"], "hold": True, "name": "prep"})["id"]
+    b = c_bob.submit({"command": ["true"], "hold": True, "name": "train"})["id"]
+    sweep = c_bob.submit({"command": ["true"], "hold": True, "name": "train", "array": "0-2"})["id"]
+    e = c_eve.submit({"command": ["true"], "hold": True, "name": "train"})["id"]
+    env = {**daemon.env, "TRAINYARD_URL": daemon.url, "TRAINYARD_TOKEN": bob}
+
+    def scancel(*args):
+        return subprocess.run([sys.executable, "-m", "scheduler.slurm.commands_main", "scancel", *args], env=env,
+                              capture_output=True, text=True, timeout=60, cwd=daemon.base)
+
+    def live():
+        return sorted(j["id"] for j in admin.jobs() if j["state"] == "PENDING")
+    r = scancel()
+    assert r.returncode == 1 and "No job identification provided" in r.stderr and len(live()) == 6
+    assert scancel("-s", "USR1", str(a)).returncode == 2 and len(live()) == 6
+    r = scancel("--me", "-n", "train", str(b), str(e))  # e is eve's: not among bob's, left alone
+    assert r.returncode == 0, r.stderr
+    assert live() == [a, sweep, sweep + 1, sweep + 2, e]
+    assert scancel("--me", "-n", "train", "-t", "PD").returncode == 0
+    assert live() == [a, e]
+    assert scancel("-u", "bob").returncode == 0
+    assert live() == [e]
+    r = scancel(str(b))  # already ended: an error, unless -Q
+    assert r.returncode == 1 and f"job id {b}:" in r.stderr
+    assert scancel("-Q", str(b)).returncode == 0
+    r = scancel(str(e))  # eve's job: the daemon refuses bob
+    assert r.returncode == 1 and f"job id {e}:" in r.stderr and live() == [e]
