@@ -135,8 +135,11 @@ def select_jobs(c, prog: str, me: bool = False, users: str | None = None, states
         query["state"] = ",".join(sorted(known))
     if refs is None:
         jobs = call(c.jobs, prog=prog, **query)
-    else:  # the ids a page at a time; each page names jobs and arrays whose tasks all come back
+    else:  # the ids a page at a time (they bound the answer: the filters apply here)
+        query = {"all": True, "limit": SQUEUE_LIMIT}
         jobs = [j for ids in refs.pages() for j in call(c.jobs, prog=prog, **query, ids=ids) if refs.wants(j)]
+        if not jobs and prog == "squeue":  # Slurm's answer to an id it does not know
+            fail("slurm_load_jobs error: Invalid job id specified", EXIT_REFUSED, prog)
     if len(jobs) >= SQUEUE_LIMIT:
         click.echo(f"{prog}: the first {SQUEUE_LIMIT:,} jobs only; narrow it with -u, -t, -p or -j", err=True)
     if me:

@@ -160,6 +160,10 @@ def test_squeue_and_jobs_find_a_users_jobs_behind_a_backlog_longer_than_a_page(d
         r = squeue("-h", "-o", "%i %j %u", *args, env=env)
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines() == [f"{mine} mine bob"], args
+    r = squeue("-h", "-j", "999999")  # scripts loop `while squeue -j $ID`: an unknown id fails
+    assert r.returncode == 1 and "Invalid job id specified" in r.stderr and r.stdout == ""
+    r = squeue("-h", "-o", "%i", "-j", str(mine), "-t", "R")  # known, filtered out: nothing, no error
+    assert r.returncode == 0 and r.stdout == ""
     r = squeue("-h", "-o", "%i", "-j", str(backlog))
     assert r.stdout.splitlines() == [f"{backlog}_{k}" for k in range(5001)]
     r = squeue("-h", "-o", "%i %A", "-j", f"{backlog}_7")  # Slurm's ARRAY_TASK: that task
