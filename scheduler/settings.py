@@ -422,6 +422,10 @@ class AccountingSettings(_Table):
     idle_threshold_pct: float = Field(5.0, ge=0, le=100)
     max_sample_gap_s: PositiveSeconds = 300.0  # telemetry older than this says nothing
     util_history_days: float = Field(35.0, gt=0, le=3660)
+    # slurmdbd's PurgeJobAfter / PurgeEventAfter: finished jobs and audit events older than this
+    # are removed (never, when unset, as in Slurm); daemon/retention.py says what always stays
+    purge_jobs_after_days: float | None = Field(None, gt=0, le=36500)
+    purge_events_after_days: float | None = Field(None, gt=0, le=36500)
     instances: dict[Name, InstancePrice] = {}
     pools: dict[Name, PoolPrice] = {}
 

@@ -44,6 +44,7 @@ from .ptys import PtyRelay
 from .readmodel import MetricsReadModel
 from .reconcile import Reconciler
 from .registries import Registries, load_credentials
+from .retention import Retention
 from .scheduling import SchedulingCycle
 from .state import StateStore
 from .steps import EVENTS as STEP_EVENTS
@@ -136,6 +137,10 @@ class Daemon:
         self.autoscaler.check()  # a pool that is not AWS in the stack: refused at start
         self.cycle.refine_reason = self.autoscaler.pending_reason
         self._logs_expire_at = 0.0
+        self.retention = Retention(self.store, self.clock, tables.accounting.purge_jobs_after_days,
+                                   tables.accounting.purge_events_after_days,
+                                   10 * self.policy.fairshare_half_life_s)
+        self._purge_at = 0.0
         self.leadership = Leadership(self.engine, self.db_url, lambda: self.url)
         self.store.fence = self.leadership.fence
         # the leader keeps allocated GPUs per node in memory; a standby reads them (None)
@@ -363,6 +368,9 @@ class Daemon:
             self._logs_expire_at = now + 3600
             self.logstore.expire(now)
             self.accounting.idle.trim(now)
+        if self.retention.active and now >= self._purge_at:  # a batch a tick until none is left, then hourly
+            done = self.retention.step(now)
+            self._purge_at = now + (0.0 if done.jobs or done.events else 3600)
         self.gate.recheck_idle(now)
         with self.store.tx() as s:
             self.lifecycle.enforce_limits(s, now)

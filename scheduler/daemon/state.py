@@ -226,6 +226,11 @@ class StateStore:
         """Count the final states in the database again (another daemon may have led meanwhile)."""
         self._final = None
 
+    def removed_final(self, jobs: list[tuple[str, str]]) -> None:
+        """Finished jobs, as (state, queue), were removed from the table (retention)."""
+        for state, queue in jobs:
+            self._count_final(state, "", queue)
+
     def _count_final(self, old: str, new: str, queue: str) -> None:
         counts = self._final
         if counts is None:  # not counted yet: the count, when it is made, sees this commit
