@@ -46,7 +46,18 @@ from .sinfo import sinfo
 
 SQUEUE_DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 SQUEUE_LONG = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
+SQUEUE_START = "%.18i %.9P %.8j %.8u %.2t %.19S %.6D %20Y %R"
 SACCT_DEFAULT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
+SACCT_BRIEF = "JobID,State,ExitCode"
+SACCT_LONG = ("JobID,JobIDRaw,JobName,Partition,Account,User,AllocCPUS,ReqMem,AllocGRES,NNodes,NodeList,State,"
+              "ExitCode,Submit,Start,End,Elapsed,Timelimit,Reason")
+# squeue -O/--Format's field names -> -o's letters
+FORMAT_FIELDS = {
+    "jobid": "i", "jobarrayid": "i", "arrayjobid": "F", "arraytaskid": "K", "partition": "P", "name": "j",
+    "username": "u", "statecompact": "t", "state": "T", "timeused": "M", "timelimit": "l", "numnodes": "D",
+    "numcpus": "C", "nodelist": "N", "reason": "r", "reasonlist": "R", "priority": "Q", "submittime": "V",
+    "starttime": "S", "endtime": "e", "account": "a", "tres-per-node": "b", "schednodes": "Y",
+}
 
 
 # ----------------------------------------------------------------------------- squeue
@@ -67,7 +78,8 @@ def _squeue_value(job: dict, letter: str, now: float) -> str:
         "D": job.get("nodes", 1), "C": (job.get("cpus") or 1) * (job.get("nodes") or 1),
         "b": f"gpu:{gpus}" if gpus else "N/A", "N": nodelist(job), "r": reason(job),
         "R": nodelist(job) if job.get("allocation") else f"({reason(job)})",
-        "Q": job.get("priority", 0), "V": iso(job.get("submit_time")), "S": iso(job.get("start_time")),
+        "Q": job.get("priority", 0), "V": iso(job.get("submit_time")),
+        "S": iso(job.get("start_time") or job.get("estimated_start")), "Y": "(null)",
         "e": iso(job.get("end_time")),
     }
     return str(values.get(letter, ""))
@@ -79,7 +91,7 @@ def format_squeue(jobs: list[dict], fmt: str, header: bool, now: float) -> list[
                "u": "USER", "t": "ST", "T": "STATE", "M": "TIME", "l": "TIME_LIMIT", "D": "NODES",
                "C": "CPUS", "b": "TRES_PER_NODE", "N": "NODELIST", "r": "REASON",
                "R": "NODELIST(REASON)", "Q": "PRIORITY", "V": "SUBMIT_TIME", "S": "START_TIME",
-               "e": "END_TIME"}
+               "e": "END_TIME", "Y": "SCHEDNODES"}
 
     def render(value_of: Callable[[str], str]) -> str:
         def one(m: re.Match) -> str:
@@ -181,14 +193,24 @@ def select_jobs(c, prog: str, me: bool = False, users: str | None = None, states
 @click.option("-S", "--sort", help="Sort by field letters, '-' for descending (e.g. -S -Q,i).")
 @click.option("-r", "--array", is_flag=True, help="One line per array task (always so here).")
 @click.option("-a", "--all", "all_partitions", is_flag=True, help="All partitions (always so here).")
+@click.option("-O", "--Format", "long_fields", help="Fields by name, NAME[:[.]WIDTH] comma list (e.g. JobID:10,Name:30).")
+@click.option("--start", is_flag=True, help="Pending jobs with their expected start time, soonest first.")
 def squeue(fmt, me, users, states, refs, partition, noheader, names, accounts, nodelist, long_format,
-           sort, array, all_partitions):
+           sort, array, all_partitions, long_fields, start):
     """Jobs in the queue, in squeue's format and state codes."""
-    if long_format and fmt == SQUEUE_DEFAULT:
+    if long_fields:
+        fmt = format_of_fields(long_fields)
+    elif start and fmt == SQUEUE_DEFAULT:
+        fmt = SQUEUE_START
+    elif long_format and fmt == SQUEUE_DEFAULT:
         fmt = SQUEUE_LONG
     c = client()
-    jobs = select_jobs(c, "squeue", me, users, states, refs, partition, names, accounts, nodelist)
+    jobs = select_jobs(c, "squeue", me, users, states or ("PD" if start else None), refs, partition, names,
+                       accounts, nodelist)
     jobs.sort(key=lambda j: j["id"])  # oldest first, whatever page the daemon gave (-S sorts on this)
+    if start:  # soonest expected start first; none known last
+        jobs = [j for j in jobs if j["state"] == "PENDING"]
+        jobs.sort(key=lambda j: (j.get("estimated_start") is None, j.get("estimated_start") or 0))
     for key in reversed((sort or "").split(",")):
         if key.strip("-+"):
             letter = key.strip("-+")
@@ -196,6 +218,26 @@ def squeue(fmt, me, users, states, refs, partition, noheader, names, accounts, n
                       reverse=key.startswith("-"))
     for line in format_squeue(jobs, fmt, not noheader, time.time()):
         click.echo(line)
+
+
+def format_of_fields(text: str) -> str:
+    """squeue -O's `NAME[:[.]WIDTH],...` as an -o format: each field padded to WIDTH (default
+    20; `.` right-justifies), no separator, as Slurm prints it."""
+    parts = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name, _, size = item.partition(":")
+        letter = FORMAT_FIELDS.get(name.lower())
+        right = size.startswith(".")
+        size = size.lstrip(".") or "20"
+        if letter is None or not size.isdigit():
+            raise click.BadParameter(f"Invalid job format specification: {item!r}; fields are "
+                                     f"{', '.join(sorted(FORMAT_FIELDS))}", param_hint="'-O' / '--Format'")
+        parts.append(f"%{'.' if right else '-'}{size}{letter}")
+    if not parts:
+        raise click.BadParameter("no field named", param_hint="'-O' / '--Format'")
+    return "".join(parts)
 
 
 # ----------------------------------------------------------------------------- scancel
@@ -356,9 +398,20 @@ def accounting_jobs(c, start: float | None, end: float | None, user: str | None,
 @click.option("-u", "--user", "users", help="Only these users.")
 @click.option("-a", "--allusers", is_flag=True, help="Every user's jobs (operators).")
 @click.option("-X", "--allocations", is_flag=True, help="Allocations only (trainyard has no steps).")
+@click.option("-b", "--brief", is_flag=True, help="JobID, State and ExitCode.")
+@click.option("-l", "--long", "long_format", is_flag=True, help="Every field trainyard has.")
+@click.option("--name", "names", help="Only jobs with these names (comma list).")
+@click.option("-A", "--accounts", help="Only jobs charged to these accounts (comma list).")
+@click.option("-r", "--partition", help="Only jobs in these partitions (comma list).")
+@click.option("--delimiter", default="|", show_default=True, help="Between fields with -p/-P.")
+@click.option("-D", "--duplicates", is_flag=True, hidden=True)
+@click.option("--noconvert", is_flag=True, hidden=True)
+@click.option("--units", hidden=True)
 def sacct(fields, refs, starttime, endtime, states, parsable, parsable2, noheader, users, allusers,
-          allocations):
+          allocations, brief, long_format, names, accounts, partition, delimiter, duplicates, noconvert, units):
     """Accounting of jobs, in sacct's fields and layout."""
+    if fields == SACCT_DEFAULT and (brief or long_format):
+        fields = SACCT_BRIEF if brief else SACCT_LONG
     c = client()
     until = when(endtime) if endtime else None
     if refs is not None:  # at any time unless -S is given, every user's that the caller may read (as Slurm)
@@ -375,19 +428,22 @@ def sacct(fields, refs, starttime, endtime, states, parsable, parsable2, noheade
     wanted = _states(states)
     if wanted:
         jobs = [j for j in jobs if j["state"] in wanted]
-    names = [f.strip() for f in fields.split(",") if f.strip()]
-    widths = [int(n.split("%")[1]) if "%" in n else 10 for n in names]
-    names = [n.split("%")[0] for n in names]
-    rows = [[_sacct_value(j, n) for n in names] for j in jobs]
+    for key, text in (("name", names), ("account", accounts), ("queue", partition)):
+        if text:
+            jobs = [j for j in jobs if (j.get(key) or "") in text.split(",")]
+    columns = [f.strip() for f in fields.split(",") if f.strip()]
+    widths = [int(n.split("%")[1]) if "%" in n else 10 for n in columns]
+    columns = [n.split("%")[0] for n in columns]
+    rows = [[_sacct_value(j, n) for n in columns] for j in jobs]
     if parsable or parsable2:
-        end = "|" if parsable else ""
+        end = delimiter if parsable else ""
         if not noheader:
-            click.echo("|".join(names) + end)
+            click.echo(delimiter.join(columns) + end)
         for r in rows:
-            click.echo("|".join(r) + end)
+            click.echo(delimiter.join(r) + end)
         return
     if not noheader:
-        click.echo(" ".join(n[:w].rjust(w) for n, w in zip(names, widths, strict=True)))
+        click.echo(" ".join(n[:w].rjust(w) for n, w in zip(columns, widths, strict=True)))
         click.echo(" ".join("-" * w for w in widths))
     for r in rows:
         click.echo(" ".join(v[:w - 1] + "+" if len(v) > w else v.rjust(w) for v, w in zip(r, widths, strict=True)))

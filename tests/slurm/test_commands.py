@@ -10,7 +10,7 @@ import click
 import pytest
 
 from scheduler.slurm.api import job_refs, sacct_time, squeue_time
-from scheduler.slurm.commands import _sacct_value, format_squeue
+from scheduler.slurm.commands import _sacct_value, format_of_fields, format_squeue
 
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name=ddp-train
@@ -267,3 +267,30 @@ def test_scancel_by_user_name_and_state_cancels_what_the_filters_select(daemon):
     assert scancel("-Q", str(b)).returncode == 0
     r = scancel(str(e))  # eve's job: the daemon refuses bob
     assert r.returncode == 1 and f"job id {e}:" in r.stderr and live() == [e]
+
+
+def test_squeue_long_field_names_start_and_sacct_brief_long_name_delimiter(daemon):
+    """squeue -O (NAME[:[.]WIDTH]) and --start; sacct -b, -l, --name, -A, -r and --delimiter."""
+    assert format_of_fields("JobID:8,Name:.10,StateCompact") == "%-8i%.10j%-20t"
+    for bad in ("Nonsense", "JobID:wide", ""):
+        with pytest.raises(click.BadParameter):
+            format_of_fields(bad)
+    c = daemon.client()
+    a = c.submit({"command": ["true"], "hold": True, "name": "prep"})["id"]
+    b = c.submit({"command": ["true"], "name": "train"})["id"]
+    r = slurm(daemon, "squeue", "-O", "JobID:8,Name:.10,StateCompact:3")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["JOBID         NAMEST", f"{a:<8}      prepPD", f"{b:<8}     trainPD"]
+    assert slurm(daemon, "squeue", "-O", "JobID,Bogus").returncode == 2
+    r = slurm(daemon, "squeue", "--start", "-h", "-o", "%i %t %S")
+    assert r.stdout.splitlines() == [f"{a} PD N/A", f"{b} PD N/A"]  # no node: no start foreseen
+    c._call("POST", f"/v1/jobs/{a}/cancel")
+    c._call("POST", f"/v1/jobs/{b}/cancel")
+    r = slurm(daemon, "sacct", "-j", f"{a},{b}", "-b", "-p", "-n", "--delimiter", ";")
+    assert r.stdout.splitlines() == [f"{a};CANCELLED;0:0;", f"{b};CANCELLED;0:0;"]
+    r = slurm(daemon, "sacct", "-j", f"{a},{b}", "--name", "train", "-P", "-n", "-o", "JobName")
+    assert r.stdout.splitlines() == ["train"]
+    r = slurm(daemon, "sacct", "-j", f"{a},{b}", "-r", "nowhere", "-A", "x", "-P", "-n")
+    assert r.returncode == 0 and r.stdout == ""
+    header = slurm(daemon, "sacct", "-j", str(a), "-l", "-P").stdout.splitlines()[0]
+    assert header.startswith("JobID|JobIDRaw|JobName|") and "Elapsed|Timelimit" in header
