@@ -250,7 +250,7 @@ def format_of_fields(text: str) -> str:
 @click.option("-p", "--partition", help="Only jobs in these partitions (comma list).")
 @click.option("-A", "--account", "accounts", help="Only jobs charged to these accounts (comma list).")
 @click.option("-w", "--nodelist", help="Only jobs on these nodes (hostlist).")
-@click.option("-s", "--signal", "signal_name", help="Not supported: trainyard cancels (SIGTERM, then SIGKILL).")
+@click.option("-s", "--signal", "signal_name", help="Not supported here: scancel cancels (SIGTERM, then SIGKILL).")
 @click.option("-f", "--full", is_flag=True, hidden=True)
 @click.option("-b", "--batch", is_flag=True, hidden=True)
 @click.option("-H", "--hurry", is_flag=True, hidden=True)
@@ -265,8 +265,9 @@ def scancel(job_ids, me, users, states, names, partition, accounts, nodelist, si
     from ..client import ApiError
 
     if signal_name:
-        fail(f"--signal={signal_name}: trainyard does not send a job other signals than its "
-             "cancellation's (SIGTERM, then SIGKILL after the grace time)", EXIT_USAGE, "scancel")
+        fail(f"--signal={signal_name}: not supported: trainyard's API has no call that sends a running job a "
+             "signal of the caller's choice (a job's own sbatch --signal is sent before its time limit)",
+             EXIT_USAGE, "scancel")
     filtered = any((me, users, states, names, partition, accounts, nodelist))
     if not job_ids and not filtered:
         fail("No job identification provided: give job ids, or filters such as --me, -u, -n, -t", EXIT_REFUSED,

@@ -192,9 +192,10 @@ _ALIASES = {"tasks-per-node": "ntasks-per-node", "workdir": "chdir", "share": "o
 
 # Options that change nothing in trainyard (yet): read, checked, recorded, and named in the one
 # warning line. Everything else is acted on or sent in the submit body.
+# (--signal, --begin, --nodelist, --exclude, --mail-type and --mail-user are acted on: the
+# time-limit warning and preemption signals, BeginTime, placement, notifications.)
 NOT_ACTED_ON = frozenset({
-    "qos", "mail-type", "mail-user", "wckey", "reservation", "signal", "begin", "time-min",
-    "nodelist", "exclude", "requeue", "no-requeue", "kill-on-invalid-dep", "oversubscribe",
+    "qos", "wckey", "reservation", "time-min", "requeue", "no-requeue", "kill-on-invalid-dep", "oversubscribe",
     "hint", "distribution", "ntasks-per-socket", "ntasks-per-core", "ntasks-per-gpu",
     "sockets-per-node", "cores-per-socket", "threads-per-core", "extra-node-info", "mem-bind",
     "cpu-bind", "gpu-bind", "gpu-freq", "cpu-freq", "gres-flags", "tmp", "licenses", "mincpus",
