@@ -2,10 +2,11 @@
 
 Part of the agent's bundle (standard library, Python 3.8). The agent is threaded, so it never
 forks itself: it starts one single-threaded zygote (`python3 -S <bundle> zygote`) that has
-imported the job step (jobstep.py) and waits on a socket for job directories. For each one
-it forks a supervisor that leads a session of its own and runs `jobstep.run(job_dir)` exactly
-as `wrap` does, with nothing of the zygote's descriptors; the zygote reaps them. A job start
-then costs a fork instead of an interpreter start (about 75 ms).
+imported the job step (jobstep.py) and waits on a socket for job directories. Each one goes
+to a supervisor that leads a session of its own and runs `jobstep.run(job_dir)` exactly as
+`wrap` does, with nothing of the zygote's descriptors; the zygote reaps them. The supervisor is
+forked ahead of its job (the spare, which waits on a pipe), so a job's start waits for neither
+an interpreter's start (about 75 ms) nor a fork.
 
 Exactly once: a supervisor first claims its job directory by creating `wpid` exclusively
 (jobstep rewrites it with the same pid). When the zygote dies or hangs with a request in
@@ -13,7 +14,8 @@ flight, the agent claims the directory itself before it falls back to a fresh in
 (today's `wrap`); whichever claim comes first runs the job, the other starts nothing. The
 agent says once on stderr that it fell back, and starts a new zygote for the next job.
 
-The zygote ends when the agent goes away (end of file on its socket) and never outlives it.
+The zygote ends when the agent goes away (end of file on its socket) and never outlives it;
+its spare ends with it (end of file on its pipe).
 """
 
 from __future__ import annotations
@@ -77,8 +79,14 @@ def main(argv: list) -> int:
 
 
 def serve(sock: socket.socket) -> None:
-    """Fork a supervisor for each `{"dir": ...}` line on `sock`, answer `{"pid": ...}` (or
-    `{"error": ...}`); return at end of file (the agent went away)."""
+    """Hand each `{"dir": ...}` line on `sock` to a supervisor, answer `{"pid": ...}` (or
+    `{"error": ...}`); return at end of file (the agent went away).
+
+    The supervisor is the spare: a child forked after the previous request was answered, that
+    has already become a supervisor (its own session, signals reset, nothing of the zygote's
+    descriptors but its pipe) and waits on that pipe for a job directory. A job's start then
+    waits for no fork (about 2.5 ms of the way from launch to running here); the next spare is
+    forked once the answer is sent. A spare that went away is replaced by a fork on the spot."""
     fresh = {sig: signal.getsignal(sig) for sig in _RESTORED}
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1):  # the socket arrived as stdin and stdout: `sock` holds it now
@@ -87,6 +95,7 @@ def serve(sock: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, _reap)
     os.chdir("/")  # pin no job's or agent's directory
     gc.freeze()  # what is loaded now stays shared with every supervisor (copy-on-write)
+    spare = _fork_spare(fresh)
     reader = sock.makefile("rb")
     for line in reader:
         _reap()
@@ -95,14 +104,61 @@ def serve(sock: socket.socket) -> None:
         except (ValueError, KeyError, TypeError) as e:
             _answer(sock, {"error": f"bad request {line[:200]!r}: {e}"})
             continue
-        try:
-            pid = os.fork()
-        except OSError as e:
-            _answer(sock, {"error": f"cannot fork a supervisor for {job_dir}: {e}"})
-            continue
-        if pid == 0:
-            _supervise(job_dir, fresh)
+        pid = _hand_to(spare, job_dir) if spare is not None else None
+        if pid is None:
+            try:
+                pid = os.fork()
+            except OSError as e:
+                _answer(sock, {"error": f"cannot fork a supervisor for {job_dir}: {e}"})
+                continue
+            if pid == 0:
+                _become_supervisor(fresh)
+                _supervise(job_dir)
         _answer(sock, {"pid": pid})
+        spare = _fork_spare(fresh)  # off the way of this job: it runs meanwhile
+    if spare is not None:
+        os.close(spare[1])  # the spare reads end of file and exits
+
+
+def _fork_spare(fresh: dict):
+    """(pid, the pipe to hand it a job directory on), or None when no process can be forked."""
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return None
+    if pid == 0:
+        os.close(w)
+        _become_supervisor(fresh, keep=r)
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = os.read(r, 65536)
+            if not chunk:  # the zygote went away before it had a job for this spare
+                os._exit(0)
+            data += chunk
+        os.close(r)
+        _supervise(json.loads(data)["dir"])
+    os.close(r)
+    return pid, w
+
+
+def _hand_to(spare: tuple, job_dir: str) -> int | None:
+    """Give the spare its job; its pid, or None when it is gone (the zygote then forks)."""
+    pid, w = spare
+    data = json.dumps({"dir": job_dir}).encode() + b"\n"
+    try:
+        while data:
+            data = data[os.write(w, data):]
+    except OSError:  # it died (broken pipe): whatever it read is not a whole line, so it runs nothing
+        return None
+    finally:
+        os.close(w)
+    return pid
 
 
 def _answer(sock: socket.socket, reply: dict) -> None:
@@ -120,21 +176,34 @@ def _reap(*_signal) -> None:
             return
 
 
-def _supervise(job_dir: str, fresh: dict) -> None:
-    """In the forked child: become the job's supervisor as `wrap` would be, and never return."""
-    code = 1
+def _become_supervisor(fresh: dict, keep: int = -1) -> None:
+    """In a forked child: what a fresh interpreter's supervisor would have (the signals' own
+    dispositions, a session of its own, /dev/null as 0-2 and no other descriptor but `keep`)."""
     try:
         for sig, handler in fresh.items():
             if handler is not None:  # None: set outside Python, left as it is
                 signal.signal(sig, handler)
         os.setsid()
-        if not claim(job_dir, os.getpid()):
-            code = 0  # the agent started this job itself (the zygote answered too late)
-            return
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        top = os.sysconf("SC_OPEN_MAX")
+        if keep < 3:
+            os.closerange(3, top)
+        else:
+            os.closerange(3, keep)
+            os.closerange(keep + 1, top)
+    except BaseException:  # noqa: BLE001 - never back into the zygote's loop
+        os._exit(1)
+
+
+def _supervise(job_dir: str) -> None:
+    """In a supervisor: claim the job directory, run the job step as `wrap` would, never return."""
+    code = 1
+    try:
+        if not claim(job_dir, os.getpid()):
+            code = 0  # the agent started this job itself (the zygote answered too late)
+            return
         sys.argv = [sys.argv[0], "wrap", job_dir]
         code = jobstep.run(job_dir)
     except SystemExit as e:

@@ -46,6 +46,22 @@ def children(pid: int) -> dict[int, str]:
     return out
 
 
+def spares(zygote: int) -> list[int]:
+    """The zygote's spare supervisors: forked, waiting for a job (still in the zygote's "/")."""
+    out = []
+    for pid, state in children(zygote).items():
+        with contextlib.suppress(OSError):
+            if state != "Z" and os.readlink(f"/proc/{pid}/cwd") == "/":
+                out.append(pid)
+    return out
+
+
+def working(zygote: int) -> dict[int, str]:
+    """The zygote's children but its spare: supervisors of jobs, or zombies."""
+    idle = set(spares(zygote))
+    return {p: st for p, st in children(zygote).items() if p not in idle}
+
+
 def cmdline(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
 
@@ -219,7 +235,7 @@ def test_a_claimed_job_directory_is_never_started_again(tmp_path, capfd):
     assert sorted(os.listdir(d)) == ["spec.json", "work", "wpid"]
     forks = Zygote(str(AGENT))
     assert forks.launch(d) is None
-    wait_for(lambda: not children(forks.pid), what="the zygote's child to give up")
+    wait_for(lambda: not working(forks.pid), what="the zygote's child to give up")
     forks.close()
     cannot_fork = Zygote(str(AGENT), python=str(tmp_path / "no-python"))
     assert cannot_fork.launch(d) is None
@@ -232,19 +248,25 @@ def test_a_thousand_supervisors_leave_no_zombies_and_no_leaked_fds_in_the_zygote
     zygote = Zygote(str(AGENT))
     zygote.start()
     assert zygote.launch(job_dir(tmp_path, "warm", ["true"])) is None
-    fds = sorted(os.listdir(f"/proc/{zygote.pid}/fd"))
+    wait_for(lambda: spares(zygote.pid), what="a spare supervisor")
+
+    def fds():  # what each descriptor is (a spare's pipe end changes its number)
+        return sorted(os.readlink(f"/proc/{zygote.pid}/fd/{fd}").split("[")[0]
+                      for fd in os.listdir(f"/proc/{zygote.pid}/fd"))
+    before = fds()
     dirs = [job_dir(tmp_path, f"{i}.0", ["true"]) for i in range(1000)]
     for d in dirs:
         assert zygote.launch(d) is None, "every supervisor forked by the zygote"
     wait_for(lambda: all(os.path.exists(os.path.join(d, "rc")) for d in dirs), timeout=300,
              interval=0.5, what="1,000 jobs to end")
     assert {Path(d, "rc").read_text() for d in dirs} == {"0"}
-    wait_for(lambda: set(children(zygote.pid).values()) <= {"Z"}, timeout=30,
+    wait_for(lambda: set(working(zygote.pid).values()) <= {"Z"}, timeout=30,
              what="the supervisors to end")
     with contextlib.suppress(AssertionError):  # a zombie is reaped when its SIGCHLD arrives
-        wait_for(lambda: not children(zygote.pid), timeout=5)
-    assert children(zygote.pid) == {}, "zombies left in the zygote"
-    assert sorted(os.listdir(f"/proc/{zygote.pid}/fd")) == fds
+        wait_for(lambda: not working(zygote.pid), timeout=5)
+    assert working(zygote.pid) == {}, "zombies left in the zygote"
+    assert len(spares(zygote.pid)) == 1  # and the next job's supervisor, waiting
+    assert fds() == before and before.count("pipe:") == 1  # the spare's pipe, and no other
     zygote.close()
 
 
@@ -278,3 +300,38 @@ def test_the_zygote_loads_only_what_a_supervisor_needs(tmp_path):
         capture_output=True, text=True, check=True).stdout.split()
     assert {"jobstep", "fencing", "accounts", "nodefiles"} <= set(loaded)
     assert not {"containers", "subprocess", "threading", "zipfile", "tempfile", "traceback"} & set(loaded)
+
+
+def test_the_spare_supervisor_waits_holding_nothing_and_ends_with_its_zygote(tmp_path):
+    """A job's supervisor is forked before its job comes (the spare): it waits in a session of
+    its own with /dev/null and its pipe only; the zygote forks the next once it handed one a
+    job, replaces one that died by a fork, and a spare never outlives its zygote."""
+    zygote = Zygote(str(AGENT))
+    zygote.start()
+    warm = job_dir(tmp_path, "warm", ["true"])
+    assert zygote.launch(warm) is None
+    (spare,) = wait_for(lambda: spares(zygote.pid), what="a spare supervisor")
+    assert int(stat_of(spare)[3]) == spare  # it leads its own session
+    fds = {int(fd): os.readlink(f"/proc/{spare}/fd/{fd}") for fd in os.listdir(f"/proc/{spare}/fd")}
+    assert {fds.pop(0), fds.pop(1), fds.pop(2)} == {os.devnull}
+    assert [t.split("[")[0] for t in fds.values()] == ["pipe:"]  # only its pipe to the zygote
+    supervisor = int(Path(warm, "wpid").read_text())
+    assert supervisor != spare and not os.path.exists(f"/proc/{spare}/cwd/spec.json")
+
+    d = job_dir(tmp_path, "1.0", ["true"])
+    assert zygote.launch(d) is None
+    wait_for(lambda: os.path.exists(os.path.join(d, "rc")), what="the job to end")
+    assert int(Path(d, "wpid").read_text()) == spare  # the spare ran it
+    (spare,) = wait_for(lambda: spares(zygote.pid), what="the next spare")
+
+    os.kill(spare, signal.SIGKILL)  # a spare that died: the job is forked for on the spot
+    wait_for(lambda: spare not in spares(zygote.pid), what="the spare to die")
+    marker = tmp_path / "runs"
+    d = job_dir(tmp_path, "2.0", ["sh", "-c", f"echo run >> {marker}"])
+    assert zygote.launch(d) is None
+    wait_for(lambda: os.path.exists(os.path.join(d, "rc")), what="the job to end")
+    assert marker.read_text() == "run\n" and int(Path(d, "wpid").read_text()) != spare
+
+    (spare,) = wait_for(lambda: spares(zygote.pid), what="a spare again")
+    zygote.close()  # end of file: the zygote ends, and its spare with it
+    wait_for(lambda: not alive(spare), what="the spare to end with its zygote")
