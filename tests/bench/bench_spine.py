@@ -108,8 +108,9 @@ def job_start_floor(n: int = 500) -> tuple[float, float]:
     return spawn, supervised
 
 
-def submit_to_running(url: str, token: str, n: int = 200) -> list[float]:
-    """Sequential 1-GPU `sleep` jobs on warm nodes; RUNNING seen on the event stream."""
+def submit_to_running(url: str, token: str, n: int = 200) -> tuple[list[float], list[int]]:
+    """Sequential 1-GPU `sleep` jobs on warm nodes; RUNNING seen on the event stream. The
+    latencies, and the jobs' ids."""
     headers = {"Authorization": f"Bearer {token}"}
     seen: dict[str, float] = {}
     ready = threading.Event()
@@ -129,7 +130,7 @@ def submit_to_running(url: str, token: str, n: int = 200) -> list[float]:
 
     threading.Thread(target=listen, daemon=True).start()
     ready.wait(10)
-    lat = []
+    lat, ids = [], []
     with httpx.Client(base_url=url, headers=headers) as c:
         for _ in range(n):
             t0 = now()
@@ -137,8 +138,24 @@ def submit_to_running(url: str, token: str, n: int = 200) -> list[float]:
             while jid not in seen:
                 time.sleep(0.0005)
             lat.append(seen[jid] - t0)
+            ids.append(int(jid))
             time.sleep(0.06)
-    return lat
+    return lat, ids
+
+
+def start_stages(url: str, token: str, ids: list[int]) -> dict[str, float]:
+    """p50 of each stage of those jobs' starts, from the daemon's own events: submission to the
+    cycle's dispatch (CONFIGURING), and dispatch to the node's report that the job runs."""
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as c:
+        events = c.get("/v1/events", params={"limit": 10 * len(ids) + 1000}).json()
+    at: dict[tuple[str, str], float] = {}
+    for ev in events:
+        what = ev["action"] if ev["action"] == "job.submit" else ev["detail"].get("state", "")
+        at.setdefault((ev["target"], what), ev["time"])
+    stages = {"submit -> dispatched": ("job.submit", "CONFIGURING"), "dispatched -> RUNNING": ("CONFIGURING", "RUNNING")}
+    return {name: statistics.median(at[str(j), b] - at[str(j), a] for j in ids
+                                    if (str(j), a) in at and (str(j), b) in at)
+            for name, (a, b) in stages.items()}
 
 
 def cli_cold_start(url: str, token: str, n: int = 15) -> list[float]:
@@ -182,9 +199,11 @@ def main() -> None:
               f"CPU; with a process forked per job to supervise it {supervised * 1000:.2f} ms; 1,000 supervised jobs "
               f"on {os.cpu_count()} cores take at least {supervised * 1000 / (os.cpu_count() or 1):.2f} s before "
               f"any SSH, agent, scheduling or API")
-        lat = submit_to_running(url, token)
+        lat, ids = submit_to_running(url, token)
+        stages = start_stages(url, token, ids)
         print(f"submit -> RUNNING on a warm node ({len(lat)} jobs): p50 {percentile(lat, 50) * 1000:.1f} ms, "
-              f"p99 {percentile(lat, 99) * 1000:.1f} ms")
+              f"p99 {percentile(lat, 99) * 1000:.1f} ms; by the daemon's events, p50: "
+              + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in stages.items()))
         cold = cli_cold_start(url, token)
         print(f"CLI cold start (`trainyard jobs`, {len(cold)} runs): median {statistics.median(cold) * 1000:.0f} ms, "
               f"min {min(cold) * 1000:.0f} ms")
