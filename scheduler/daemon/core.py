@@ -137,7 +137,7 @@ class Daemon:
         self.autoscaler.check()  # a pool that is not AWS in the stack: refused at start
         self.cycle.refine_reason = self.autoscaler.pending_reason
         self._logs_expire_at = 0.0
-        self.retention = Retention(self.store, self.clock, tables.accounting.purge_jobs_after_days,
+        self.retention = Retention(self.store, tables.accounting.purge_jobs_after_days,
                                    tables.accounting.purge_events_after_days,
                                    10 * self.policy.fairshare_half_life_s)
         self._purge_at = 0.0

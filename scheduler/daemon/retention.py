@@ -20,6 +20,7 @@ follows `[logs] retention_days`.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from sqlalchemy import delete, func
@@ -28,7 +29,6 @@ from sqlalchemy import select as sa_select
 from .. import models as m
 from ..models import Event, Job
 from ..planner import depends_on
-from .clock import Clock
 from .state import StateStore, state_among
 
 log = logging.getLogger("trainyard.daemon")
@@ -44,10 +44,9 @@ class Purged:
 
 
 class Retention:
-    def __init__(self, store: StateStore, clock: Clock, jobs_after_days: float | None,
-                 events_after_days: float | None, ledger_window_s: float, batch: int = BATCH):
+    def __init__(self, store: StateStore, jobs_after_days: float | None, events_after_days: float | None,
+                 ledger_window_s: float, batch: int = BATCH):
         self.store = store
-        self.clock = clock
         self.jobs_after_s = jobs_after_days * DAY if jobs_after_days else None
         self.events_after_s = events_after_days * DAY if events_after_days else None
         self.ledger_window_s = ledger_window_s
@@ -108,6 +107,4 @@ class Retention:
 
 
 def _day(t: float | None) -> str:
-    import time  # noqa: PLC0415
-
     return "-" if t is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(t))

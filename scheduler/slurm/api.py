@@ -89,15 +89,11 @@ def when(text: str) -> float:
 
 
 def squeue_time(seconds: float | None) -> str:
-    """squeue's TIME and TIME_LIMIT: M:SS, H:MM:SS, D-HH:MM:SS; UNLIMITED for none."""
-    if seconds is None:
-        return "UNLIMITED"
-    days, rest = divmod(max(0, int(seconds)), 86400)
-    h, rest = divmod(rest, 3600)
-    m, s = divmod(rest, 60)
-    if days:
-        return f"{days}-{h:02d}:{m:02d}:{s:02d}"
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+    """squeue's TIME and TIME_LIMIT: `time_limit`'s form, but M:SS under an hour."""
+    if seconds is None or seconds >= 3600:
+        return time_limit(seconds)
+    m, s = divmod(max(0, int(seconds)), 60)
+    return f"{m}:{s:02d}"
 
 
 def sacct_time(seconds: float | None) -> str:
@@ -187,6 +183,12 @@ def _task_range(body: str, ref: str, most: int = 100_000) -> set[int]:
     return out
 
 
+def refs_jobs(c, refs: JobRefs, prog: str) -> list[dict]:
+    """The jobs `refs` names, in any state, as GET /v1/jobs shows them: a request per MAX_IDS ids."""
+    return [j for ids in refs.pages() for j in call(c.jobs, prog=prog, all=True, ids=ids, limit=100_000)
+            if refs.wants(j)]
+
+
 def resolve_jobs(c, refs: JobRefs, prog: str, array_task: Callable[[dict], bool] | None = None
                  ) -> tuple[dict[int, str], list[str]]:
     """The jobs `refs` names, to act on one by one: (job id -> the name the caller gave it, the
@@ -194,11 +196,14 @@ def resolve_jobs(c, refs: JobRefs, prog: str, array_task: Callable[[dict], bool]
     which `array_task(job)` holds, when given: scancel of an array leaves its ended tasks
     alone); ID_TASK is that task. An id this caller cannot see is kept, so that the daemon's
     answer says why."""
-    seen = [j for ids in refs.pages() for j in call(c.jobs, prog=prog, all=True, ids=ids, limit=100_000)
-            if refs.wants(j)]
+    seen = refs_jobs(c, refs, prog)
+    by_array: dict[int, list[dict]] = {}
+    for j in seen:
+        if j.get("array_job_id") is not None:
+            by_array.setdefault(j["array_job_id"], []).append(j)
     targets: dict[int, str] = {}
     for job_id in sorted(refs.jobs):
-        tasks = [j for j in seen if j.get("array_job_id") == job_id]
+        tasks = by_array.get(job_id)
         if tasks:
             targets.update((j["id"], f"{job_id}_{j['array_task_id']}") for j in tasks
                            if array_task is None or array_task(j))

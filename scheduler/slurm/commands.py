@@ -33,6 +33,7 @@ from .api import (
     job_refs_option,
     nodelist,
     reason,
+    refs_jobs,
     resolve_jobs,
     sacct_time,
     slurm_state,
@@ -137,7 +138,7 @@ def select_jobs(c, prog: str, me: bool = False, users: str | None = None, states
     a busy cluster has more than the default page waiting (the filters below still apply)."""
     wanted_states = _states(states)
     all_states = wanted_states is not None and ("ALL" in wanted_states or not wanted_states <= ACTIVE)
-    query: dict = {"all": all_states or refs is not None, "limit": SQUEUE_LIMIT}
+    query: dict = {"all": all_states, "limit": SQUEUE_LIMIT}
     if me:
         query["user"] = me_user = call(c.me, prog=prog)["user"]
     elif users and "," not in users:
@@ -148,8 +149,7 @@ def select_jobs(c, prog: str, me: bool = False, users: str | None = None, states
     if refs is None:
         jobs = call(c.jobs, prog=prog, **query)
     else:  # the ids a page at a time (they bound the answer: the filters apply here)
-        query = {"all": True, "limit": SQUEUE_LIMIT}
-        jobs = [j for ids in refs.pages() for j in call(c.jobs, prog=prog, **query, ids=ids) if refs.wants(j)]
+        jobs = refs_jobs(c, refs, prog)
         if not jobs and prog == "squeue":  # Slurm's answer to an id it does not know
             fail("slurm_load_jobs error: Invalid job id specified", EXIT_REFUSED, prog)
     if len(jobs) >= SQUEUE_LIMIT:
