@@ -72,7 +72,13 @@ FULL_READ_S = 300.0
 # Under a long backlog every pending job's reason and estimated start are worked out again at
 # most this often (building them costs O(backlog) per cycle); a shorter one gets them every cycle
 LONG_BACKLOG = 2000
-IDLE_PLAN_S = 0.05  # a daemon that planned nothing for this long plans a submission at once
+# a daemon that planned nothing for this long (and for 10x its last cycle) plans a submission at
+# once. While submissions stream in, cycles follow each other closer than this, so they stay
+# paced; a lone one (or the first of a burst) is planned in the same turn of the loop. At 50 ms,
+# every submission within 50 ms of a job's end waited for the pacing: 2.5 ms of a warm start's
+# 7 ms from submit to dispatch; 8 clients' rate and p99 did not move (four alternating runs of
+# bench_submit_load.py 4000 8)
+IDLE_PLAN_S = 0.005
 WAITS_SWITCH_S = 0.0005  # the interpreter's thread switch interval while they are built
 WAITS_WRITE_CHUNK = 500  # pending jobs' reasons written per transaction by write_waits
 WAITS_EVERY_S = 10.0  # (Slurm's backfill works out estimated starts every 30 s by default)
