@@ -157,6 +157,28 @@ def test_event_stream_delivers_changes_as_server_sent_events(api):
     assert ev["action"] == "job.submit" and ev["target"] == str(job["id"])
 
 
+def test_event_stream_delivers_every_event_of_each_commit_once_and_in_order(api):
+    """A commit's events go out together (a cancel writes the job's state and the cancel itself);
+    none is dropped, repeated or reordered, whether the stream resumes from the backlog or
+    follows live."""
+    daemon, admin, c = api
+    since = admin.events(limit=1)[-1]["id"]
+    live = admin.stream_events(since=since)
+    jobs = [c["user"].submit({"command": ["true"], "hold": True})["id"] for _ in range(12)]
+    for j in jobs:
+        c["user"].cancel(j)
+    want = [("job.submit", str(j)) for j in jobs] + \
+        [(a, str(j)) for j in jobs for a in ("job.state", "job.cancel")]
+    got = [next(live) for _ in want]
+    assert [(e["action"], e["target"]) for e in got] == want
+    ids = [e["id"] for e in got]
+    assert ids == sorted(set(ids))
+    assert [e["detail"].get("state") for e in got if e["action"] == "job.state"] == ["CANCELLED"] * len(jobs)
+    # the same events from the backlog, in one piece, for a stream that starts behind them
+    replay = admin.stream_events(since=since)
+    assert [next(replay)["id"] for _ in want] == ids
+
+
 def test_openapi_is_served(daemon):
     spec = httpx.get(f"{daemon.url}/openapi.json").json()
     assert "/v1/jobs" in spec["paths"] and "/v1/nodes/{name}/drain" in spec["paths"]

@@ -16,6 +16,7 @@ from .common import Json
 
 router = APIRouter(prefix="/v1", tags=["events"])
 KEEPALIVE_S = 15
+STREAM_CHUNK = 256  # events written to a stream at most in one send
 
 
 def sse(ev: dict) -> str:
@@ -52,21 +53,36 @@ async def events(request: Request, d: DaemonDep, who: Who,
     async def gen():
         seen = since or 0
         try:
-            for ev in backlog:
-                seen = ev["id"]
-                yield sse(ev)
+            for i in range(0, len(backlog), STREAM_CHUNK):
+                part = backlog[i:i + STREAM_CHUNK]
+                seen = part[-1]["id"]
+                yield "".join(sse(ev) for ev in part)
             while True:
-                try:
-                    ev = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
-                except TimeoutError:
-                    yield ": keepalive\n\n"
-                    continue
-                if ev is None:
+                if queue.empty():
+                    try:
+                        first = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                    except TimeoutError:
+                        yield ": keepalive\n\n"
+                        continue
+                else:
+                    first = queue.get_nowait()
+                # what else is queued goes out with it: a commit publishes its events together,
+                # and one write for them costs one send to this client, not one each
+                chunk, ev, ended = [], first, False
+                while True:
+                    if ev is None:
+                        ended = True
+                        break
+                    if ev["id"] is None or ev["id"] > seen:
+                        seen = ev["id"] or seen
+                        chunk.append(sse(ev))
+                    if queue.empty() or len(chunk) >= STREAM_CHUNK:
+                        break
+                    ev = queue.get_nowait()
+                if chunk:
+                    yield "".join(chunk)
+                if ended:
                     return
-                if ev["id"] is not None and ev["id"] <= seen:
-                    continue
-                seen = ev["id"] or seen
-                yield sse(ev)
         finally:
             d.store.unsubscribe(queue)
 
