@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from . import sacct_fields
 from .api import (
     ACTIVE,
     DAEMON_STATES,
@@ -35,7 +36,6 @@ from .api import (
     reason,
     refs_jobs,
     resolve_jobs,
-    sacct_time,
     slurm_state,
     squeue_time,
     when,
@@ -48,10 +48,6 @@ from .sinfo import sinfo
 SQUEUE_DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 SQUEUE_LONG = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
 SQUEUE_START = "%.18i %.9P %.8j %.8u %.2t %.19S %.6D %20Y %R"
-SACCT_DEFAULT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
-SACCT_BRIEF = "JobID,State,ExitCode"
-SACCT_LONG = ("JobID,JobIDRaw,JobName,Partition,Account,User,AllocCPUS,ReqMem,AllocGRES,NNodes,NodeList,State,"
-              "ExitCode,Submit,Start,End,Elapsed,Timelimit,Reason")
 # squeue -O/--Format's field names -> -o's letters
 FORMAT_FIELDS = {
     "jobid": "i", "jobarrayid": "i", "arrayjobid": "F", "arraytaskid": "K", "partition": "P", "name": "j",
@@ -355,26 +351,6 @@ def sbatch(args):
 
 
 # ----------------------------------------------------------------------------- sacct
-def _sacct_value(job: dict, field: str) -> str:
-    exit_code = job.get("exit_code")
-    array, task = job.get("array_job_id"), job.get("array_task_id")
-    values = {
-        "jobid": f"{array}_{task}" if array is not None else job["id"], "jobidraw": job["id"],
-        "jobname": job.get("name", ""), "partition": job.get("queue", ""),
-        "account": job.get("account") or "", "alloccpus": (job.get("cpus") or 1) * (job.get("nodes") or 1),
-        "state": slurm_state(job), "exitcode": f"{exit_code if exit_code is not None else 0}:0",
-        "user": job.get("user", ""), "nnodes": job.get("nodes", 1), "nodelist": nodelist(job) or "None assigned",
-        "submit": iso(job.get("submit_time")), "start": iso(job.get("start_time")) if job.get("start_time")
-        else "Unknown", "end": iso(job.get("end_time")) if job.get("end_time") else "Unknown",
-        "elapsed": sacct_time(((job.get("end_time") or time.time()) - job["start_time"])
-                               if job.get("start_time") else 0),
-        "timelimit": sacct_time(job.get("time_limit") or None),
-        "reqmem": f"{job.get('mem') or 0}M", "allocgres": f"gpu:{job.get('gpus') or 0}",
-        "reason": reason(job),
-    }
-    return str(values.get(field.lower(), ""))
-
-
 def accounting_jobs(c, start: float | None, end: float | None, user: str | None,
                     ids: str | None = None) -> list[dict]:
     """Jobs that existed in [start, end) from /v1/accounting/jobs (with `ids`: those jobs and the
@@ -387,7 +363,9 @@ def accounting_jobs(c, start: float | None, end: float | None, user: str | None,
 
 
 @click.command("sacct", context_settings={"help_option_names": ["--help"]})
-@click.option("-o", "--format", "fields", default=SACCT_DEFAULT, show_default=True, help="Fields, comma list.")
+@click.option("-o", "--format", "fields", help="Fields, comma list; any prefix of a name, NAME%WIDTH, ALL "
+              f"[default: $SACCT_FORMAT, else {sacct_fields.DEFAULT}].")
+@click.option("-e", "--helpformat", is_flag=True, help="List the fields --format takes.")
 @click.option("-j", "--jobs", "refs", callback=job_refs_option,
               help="Only these jobs, at any time (comma list: ID, ARRAY_TASK, ARRAY_[1-3], ID.batch).")
 @click.option("-S", "--starttime", help="Jobs that ended after this time [default: 00:00 today].")
@@ -408,11 +386,20 @@ def accounting_jobs(c, start: float | None, end: float | None, user: str | None,
 @click.option("-D", "--duplicates", is_flag=True, hidden=True)
 @click.option("--noconvert", is_flag=True, hidden=True)
 @click.option("--units", hidden=True)
-def sacct(fields, refs, starttime, endtime, states, parsable, parsable2, noheader, users, allusers,
+def sacct(fields, helpformat, refs, starttime, endtime, states, parsable, parsable2, noheader, users, allusers,
           allocations, brief, long_format, names, accounts, partition, delimiter, duplicates, noconvert, units):
     """Accounting of jobs, in sacct's fields and layout."""
-    if fields == SACCT_DEFAULT and (brief or long_format):
-        fields = SACCT_BRIEF if brief else SACCT_LONG
+    if helpformat:
+        click.echo(sacct_fields.help_text())
+        return
+    # as Slurm: -o's fields, then -b's, then -l's; with none of them, $SACCT_FORMAT or the default
+    spec = ",".join(x for x in (fields, sacct_fields.BRIEF if brief else None,
+                                sacct_fields.LONG if long_format else None) if x) \
+        or os.environ.get("SACCT_FORMAT") or sacct_fields.DEFAULT
+    try:
+        columns = sacct_fields.resolve(spec)
+    except ValueError as e:
+        fail(str(e), EXIT_REFUSED, "sacct")
     c = client()
     until = when(endtime) if endtime else None
     if refs is not None:  # at any time unless -S is given, every user's that the caller may read (as Slurm)
@@ -432,22 +419,9 @@ def sacct(fields, refs, starttime, endtime, states, parsable, parsable2, noheade
     for key, text in (("name", names), ("account", accounts), ("queue", partition)):
         if text:
             jobs = [j for j in jobs if (j.get(key) or "") in text.split(",")]
-    columns = [f.strip() for f in fields.split(",") if f.strip()]
-    widths = [int(n.split("%")[1]) if "%" in n else 10 for n in columns]
-    columns = [n.split("%")[0] for n in columns]
-    rows = [[_sacct_value(j, n) for n in columns] for j in jobs]
-    if parsable or parsable2:
-        end = delimiter if parsable else ""
-        if not noheader:
-            click.echo(delimiter.join(columns) + end)
-        for r in rows:
-            click.echo(delimiter.join(r) + end)
-        return
-    if not noheader:
-        click.echo(" ".join(n[:w].rjust(w) for n, w in zip(columns, widths, strict=True)))
-        click.echo(" ".join("-" * w for w in widths))
-    for r in rows:
-        click.echo(" ".join(v[:w - 1] + "+" if len(v) > w else v.rjust(w) for v, w in zip(r, widths, strict=True)))
+    delimiter = delimiter if parsable or parsable2 else None
+    for line in sacct_fields.render(jobs, columns, not noheader, delimiter, ending=parsable):
+        click.echo(line)
 
 
 @click.group("slurm")

@@ -9,8 +9,9 @@ import sys
 import click
 import pytest
 
+from scheduler.slurm import sacct_fields
 from scheduler.slurm.api import job_refs, sacct_time, squeue_time
-from scheduler.slurm.commands import _sacct_value, format_of_fields, format_squeue
+from scheduler.slurm.commands import format_of_fields, format_squeue
 
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name=ddp-train
@@ -21,8 +22,8 @@ echo hello
 """
 
 
-def slurm(daemon, *args: str) -> subprocess.CompletedProcess:
-    env = {**daemon.env, "TRAINYARD_URL": daemon.url, "TRAINYARD_TOKEN": daemon.token}
+def slurm(daemon, *args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**daemon.env, "TRAINYARD_URL": daemon.url, "TRAINYARD_TOKEN": daemon.token, **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "scheduler.slurm.commands_main", *args], env=env,
                           capture_output=True, text=True, timeout=60, cwd=daemon.base)
 
@@ -81,8 +82,35 @@ def test_squeue_and_sacct_print_times_and_array_tasks_as_slurm_does():
     plain = {**task, "id": 3, "array_job_id": None, "array_task_id": None}
     assert format_squeue([task, plain], "%i|%A|%F|%K|%l", True, now=0.0) == [
         "JOBID|JOBID|ARRAY_JOB_ID|ARRAY_TASK_ID|TIME_LIMIT", "5_4|9|5|4|10:00", "3|3|3|N/A|10:00"]
-    assert [_sacct_value(task, f) for f in ("JobID", "JobIDRaw", "Timelimit")] == ["5_4", "9", "00:10:00"]
-    assert [_sacct_value(plain, f) for f in ("JobID", "JobIDRaw")] == ["3", "3"]
+    fields = sacct_fields.resolve("JobID,JobIDRaw,Timelimit")
+    assert sacct_fields.rows([task, plain], fields) == [["5_4", "9", "00:10:00"], ["3", "3", "00:10:00"]]
+
+
+def test_sacct_fields_are_matched_named_and_laid_out_as_slurm_does():
+    """Any prefix of a field's name names the first field it starts (case-insensitive), ALL every
+    field, NAME%WIDTH a width; the header says the field's own name; the job ids are left-justified
+    in 12 columns and the rest right-justified in Slurm's widths; a value too long ends in '+'."""
+    assert [n for n, _ in sacct_fields.resolve("jobid,jobn,STATE,exit,alloccpu,elapsedr,nnod")] == [
+        "JobID", "JobName", "State", "ExitCode", "AllocCPUS", "ElapsedRaw", "NNodes"]
+    assert sacct_fields.resolve("JobName%30,maxrss") == [("JobName", 30), ("MaxRSS", 10)]
+    assert len(sacct_fields.resolve("ALL")) == len(sacct_fields.FIELDS)
+    for bad, shown in (("Bogus", "Bogus"), ("JobID,Stat3", "Stat3"), ("jobidx", "jobidx")):
+        with pytest.raises(ValueError, match=f'Invalid field requested: "{shown}"'):
+            sacct_fields.resolve(bad)
+    job = {"id": 12, "name": "a-very-long-job-name", "queue": "gpu", "account": "ml", "state": "COMPLETED",
+           "exit_code": 0, "user": "alice", "nodes": 2, "cpus": 4, "gpus": 2, "mem": 16384,
+           "submit_time": 1000.0, "start_time": 1010.0, "end_time": 1135.0, "time_limit": 3600,
+           "allocation": [{"node": "n01"}, {"node": "n02"}]}
+    lines = sacct_fields.render([job], sacct_fields.resolve("JobID,JobName,AllocCPUS,State,Elapsed"))
+    assert lines == ["JobID           JobName  AllocCPUS      State    Elapsed",
+                     "------------ ---------- ---------- ---------- ----------",
+                     "12           a-very-lo+          8  COMPLETED   00:02:05"]
+    fields = sacct_fields.resolve("CPUTimeRAW,ElapsedRaw,TimelimitRaw,AllocTRES,ReqMem,NodeList,MaxRSS")
+    assert sacct_fields.rows([job], fields) == [
+        ["1000", "125", "60", "billing=8,cpu=8,gres/gpu=4,mem=32G,node=2", "16G", "n[01-02]", ""]]
+    pending = {**job, "state": "PENDING", "start_time": None, "end_time": None, "exit_code": None}
+    assert sacct_fields.rows([pending], sacct_fields.resolve("AllocCPUS,ReqCPUS,Start,Elapsed")) == [
+        ["0", "8", "Unknown", "00:00:00"]]
 
 
 def test_job_ids_are_read_as_slurm_writes_them():
@@ -114,7 +142,15 @@ def test_sacct_j_finds_a_job_of_any_age_and_an_arrays_tasks(daemon):
     r = slurm(daemon, "sacct", "-j", str(old), "-P", "--format", "JobID,JobName,State,Timelimit,AllocCPUS")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["JobID|JobName|State|Timelimit|AllocCPUS",
-                                     f"{old}|ddp-train|CANCELLED|00:10:00|4"]
+                                     f"{old}|ddp-train|CANCELLED|00:10:00|0"]  # never ran: no CPUs
+    r = slurm(daemon, "sacct", "-j", str(old), "-P", "-n", "--format", "jobn,reqcpus,st")
+    assert r.stdout.splitlines() == ["ddp-train|4|Unknown"]  # "st" is Start, the first field it begins
+    r = slurm(daemon, "sacct", "-j", str(old), "--format", "JobID,Bogus")
+    assert r.returncode == 1 and r.stderr.strip() == 'sacct: error: Invalid field requested: "Bogus"'
+    assert r.stdout == ""
+    r = slurm(daemon, "sacct", "-j", str(old), "-P", "-n", env_extra={"SACCT_FORMAT": "jobid,state"})
+    assert r.stdout.splitlines() == [f"{old}|CANCELLED"]
+    assert "MaxRSS" in slurm(daemon, "sacct", "-e").stdout
     r = slurm(daemon, "sacct", "-j", f"{array},{old}", "-P", "-n", "--format", "JobID,JobName,State")
     lines = r.stdout.splitlines()
     assert len(lines) == 5002 and lines[0] == f"{old}|ddp-train|CANCELLED"
