@@ -80,6 +80,8 @@ def node_gpus(declared: int, model: str):
 
 # Slurm's srun and scontrol for batch scripts: where each file lies under the agent's directory,
 # and its path in the bundle (the shims load hostlist.py and layout.py from the directory above)
+# requests handled in one turn of the main loop before it looks at the job directories again
+INBOX_BATCH = 64
 SLURM_SHIM_FILES = (("hostlist.py", "slurm/hostlist.py"), ("layout.py", "slurm/layout.py"),
                     ("bin/srun", "slurm/shims/srun.py"), ("bin/scontrol", "slurm/shims/scontrol.py"))
 
@@ -94,6 +96,9 @@ class Agent:
         self.node = node or os.environ.get("TRAINYARD_SIM_NODE") or socket.gethostname()
         self.root = nodestate.resolve(root)
         self.out_lock = threading.Lock()
+        self.held = False  # the main loop holds its reports until the end of its turn (release)
+        self.pending: list[str] = []
+        self.main_thread = threading.get_ident()
         self.inbox: queue.Queue = queue.Queue()
         self.wrappers: dict[str, subprocess.Popen] = {}
         self.watching: dict[str, dict] = {}  # key -> {"gpus": [...], "job_id": ...}
@@ -140,8 +145,24 @@ class Agent:
     def send(self, msg) -> None:
         line = P.encode(msg) if not isinstance(msg, dict) else json.dumps(msg, separators=(",", ":")) + "\n"
         with self.out_lock:
+            # the main loop's reports of one turn go out together at its end (`held`); any
+            # other thread's at once, after them
+            if self.held and threading.get_ident() == self.main_thread:
+                self.pending.append(line)
+                return
+            if self.pending:
+                line, self.pending = "".join(self.pending) + line, []
             sys.stdout.write(line)
             sys.stdout.flush()
+
+    def release(self) -> None:
+        """End of the main loop's turn: what it reported goes to the daemon in one write."""
+        with self.out_lock:
+            self.held = False
+            if self.pending:
+                sys.stdout.write("".join(self.pending))
+                sys.stdout.flush()
+                self.pending = []
 
     def job_dir(self, key: str) -> str:
         if not key or "/" in key or key.startswith(".") or "\0" in key:
@@ -511,6 +532,7 @@ class Agent:
             self.send(P.Error(f"{type(e).__name__}: {e}", rid if isinstance(rid, int) else None))
 
     def run(self) -> None:
+        self.main_thread = threading.get_ident()
         self.send(self.hello())
         threading.Thread(target=self.read_stdin, daemon=True).start()
         next_tel = next_lost_check = next_output = time.monotonic()
@@ -529,8 +551,24 @@ class Agent:
                 line = ""
             if line is None:
                 return
-            if line:
-                self.handle(line)
+            # every request that came meanwhile is handled in this turn (a cycle's launches
+            # arrive together), then the job directories are looked at once, and the reports
+            # of the turn go out in one write
+            self.held = True
+            handled = 0
+            while True:
+                if line:
+                    self.handle(line)
+                handled += 1
+                if handled >= INBOX_BATCH:
+                    break
+                try:
+                    line = self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if line is None:
+                    self.release()
+                    return
             check_lost = time.monotonic() >= next_lost_check
             if check_lost:
                 next_lost_check = time.monotonic() + 1.0
@@ -547,6 +585,7 @@ class Agent:
             for key, w in list(self.wrappers.items()):
                 if w.poll() is not None and key not in self.watching:
                     del self.wrappers[key]
+            self.release()
             if time.monotonic() >= next_output:
                 next_output = time.monotonic() + 0.1
                 try:

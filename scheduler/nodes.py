@@ -336,6 +336,8 @@ class NodeLink:
         self.connected = False
         self.last_error = ""
         self._stdin: asyncssh.SSHWriter | None = None
+        self._out: list[str] = []  # messages queued this turn of the event loop (send) ...
+        self._out_for: asyncssh.SSHWriter | None = None  # ... for this channel
         self._conn: asyncssh.SSHClientConnection | None = None
         self._task: asyncio.Task | None = None
         self._waiters: dict[int, asyncio.Future] = {}
@@ -359,13 +361,36 @@ class NodeLink:
                 await self._task
 
     def send(self, msg: dict) -> bool:
-        """Queue one message for the agent; False when the link is down (caller retries later)."""
-        if self._stdin is None or not self.connected:
+        """Queue one message for the agent; False when the link is down (caller retries later).
+        The messages queued in one turn of the event loop go out in one write after it: a
+        scheduling cycle that starts eight jobs on a node sends one SSH packet there, not eight
+        (each is encrypted and sent on its own, and wakes the node's SSH server and agent)."""
+        stdin = self._stdin
+        if stdin is None or not self.connected:
             return False
+        line = json.dumps(msg, separators=(",", ":"))
+        if self._out_for is not stdin:  # nothing queued yet (or for a channel since replaced)
+            if self._out_for is None:
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:  # no event loop (a direct call): now
+                    return self._write(stdin, [line])
+                loop.call_soon(self._flush_out)
+            self._out, self._out_for = [], stdin
+        self._out.append(line)
+        return True
+
+    def _flush_out(self) -> None:
+        lines, stdin = self._out, self._out_for
+        self._out, self._out_for = [], None
+        if lines and stdin is self._stdin:  # not for a channel that was replaced meanwhile
+            self._write(stdin, lines)
+
+    def _write(self, stdin, lines: list[str]) -> bool:
         try:
-            self._stdin.write(json.dumps(msg, separators=(",", ":")) + "\n")
-        except (OSError, asyncssh.Error):
-            return False
+            stdin.write("\n".join(lines) + "\n")
+        except (OSError, asyncssh.Error):  # the link is going down: a sync after the next
+            return False  # connect finds out what the agent did not get
         return True
 
     async def request(self, msg: dict, timeout: float = 10.0) -> dict:

@@ -138,6 +138,32 @@ def test_missing_workdir_fails_the_job_with_a_message(agent):
     assert "workdir '/nonexistent/dir' does not exist" in agent.wait_for("log")["data"]
 
 
+def test_a_burst_of_requests_in_one_write_is_answered_whole_and_once(agent):
+    """A scheduling cycle's launches reach a node together and the agent answers a turn's
+    reports in one write: every request of a burst longer than one turn's batch is handled,
+    each job ends once with its own code, and a request behind the launches is answered."""
+    burst = "".join(json.dumps({"op": "launch", "key": f"{i}.0", "job_id": i, "gpus": [],
+                                "argv": ["sh", "-c", f"exit {i % 7}"]}) + "\n" for i in range(1, 151))
+    agent.proc.stdin.write(burst + json.dumps({"op": "ping", "id": 77}) + "\n")
+    agent.proc.stdin.flush()
+    ends: dict[str, list[int]] = {}
+    pongs = []
+    deadline = time.monotonic() + 60
+    while len(ends) < 150 or not pongs:
+        msg = agent.read(deadline - time.monotonic())
+        if msg.get("ev") == "exited":
+            ends.setdefault(msg["key"], []).append(msg["rc"])
+        elif msg.get("ev") == "pong":
+            pongs.append(msg["id"])
+    time.sleep(0.5)  # a report sent twice would come by now
+    while not agent.lines.empty():
+        msg = agent.lines.get()
+        if msg.get("ev") == "exited":
+            ends.setdefault(msg["key"], []).append(msg["rc"])
+    assert ends == {f"{i}.0": [i % 7] for i in range(1, 151)}
+    assert pongs == [77]
+
+
 def test_a_bad_request_gets_an_error_and_the_agent_keeps_going(agent):
     agent.send(op="nonsense", id=11)
     assert agent.wait_for("error")["id"] == 11
