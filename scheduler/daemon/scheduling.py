@@ -80,7 +80,7 @@ LONG_BACKLOG = 2000
 # bench_submit_load.py 4000 8)
 IDLE_PLAN_S = 0.005
 WAITS_SWITCH_S = 0.0005  # the interpreter's thread switch interval while they are built
-WAITS_WRITE_CHUNK = 500  # pending jobs' reasons written per transaction by write_waits
+WAITS_WRITE_CHUNK = 250  # pending jobs' reasons written per transaction by write_waits (~5 ms)
 WAITS_EVERY_S = 10.0  # (Slurm's backfill works out estimated starts every 30 s by default)
 # Under a shorter backlog reasons are written every cycle, their words and estimated starts at
 # most this often: they move with every start and end, and rewriting every pending job's row
@@ -576,7 +576,13 @@ class SchedulingCycle:
                     if estimates:
                         self._estimates_due = mono + ESTIMATES_EVERY_S
                     self._reasons_due = mono + REASONS_EVERY_S
-                    self._commit_waits(s, decisions.waits, rows, estimates)
+                    if estimates and waits_later and len(snap.pending) > REASONS_EVERY_CYCLE:
+                        # every pending job's words and estimate move with each start: 1,900
+                        # rows were one 36 ms UPDATE that stalled the API; after the cycle,
+                        # in pieces, the loop serving requests in between (write_waits)
+                        self.waits_pending = (decisions, rows)
+                    else:
+                        self._commit_waits(s, decisions.waits, rows, estimates)
             elif mono >= self._waits_due:
                 self._waits_due = mono + WAITS_EVERY_S
                 if waits_later:
