@@ -13,6 +13,8 @@ import httpx
 
 from .config import client_config_path
 
+BULK_MAX = 10_000  # jobs per call of POST /v1/jobs/actions/<action> (the API's limit)
+
 
 class ApiError(Exception):
     """The daemon refused the request; `detail` is its message for people."""
@@ -188,6 +190,17 @@ class Client:
 
     def _action(self, job_id: int, action: str) -> dict:
         return self._call("POST", f"/v1/jobs/{job_id}/{action}")
+
+    def act_many(self, action: str, ids) -> dict:
+        """cancel, hold, release or requeue many jobs, a call per 10,000: {"done": [ids],
+        "refused": [{"id", "status", "detail"}]} (each refused one as its own call would be)."""
+        ids = list(ids)
+        done, refused = [], []
+        for i in range(0, len(ids), BULK_MAX):
+            r = self._call("POST", f"/v1/jobs/actions/{action}", json={"ids": ids[i:i + BULK_MAX]})
+            done += r["done"]
+            refused += r["refused"]
+        return {"done": done, "refused": refused}
 
     def cancel(self, job_id: int) -> dict:
         return self._action(job_id, "cancel")

@@ -290,6 +290,26 @@ class JobSubmit(Strict):
         return out
 
 
+BULK_MAX = 10_000  # jobs per bulk action (an array's tasks, scancel -u)
+
+
+class JobIdList(Strict):
+    """The jobs one call acts on, each acted on or refused on its own."""
+
+    ids: list[Annotated[int, Field(ge=1, le=MAX_ID)]] = Field(min_length=1, max_length=BULK_MAX)
+
+
+class Refusal(BaseModel):
+    id: int
+    status: int = Field(description="what the same call on this job alone would have answered (403, 404, 409)")
+    detail: str
+
+
+class BulkResult(BaseModel):
+    done: list[int] = Field(description="the jobs acted on, in the order asked")
+    refused: list[Refusal] = Field(description="the jobs left as they were, and why")
+
+
 class JobPatch(Strict):
     """What `scontrol update` changes: the priority, the time limit, or both."""
 

@@ -429,6 +429,39 @@ class JobService:
         self.wake()
         return job_json(job, caller)
 
+    def act_many(self, caller: Caller, ids: list[int], action: str) -> dict[str, Any]:
+        """The same action on many jobs in one transaction (scancel of an array's 5,000 tasks was
+        5,000 requests): each job is acted on or refused on its own, as `act` would; the refused
+        ones say why ({"id", "kind", "detail"}) and change nothing. A refusal because the caller
+        may not act on another user's job is audited once for the call."""
+        done: list[int] = []
+        refused: list[dict[str, Any]] = []
+        with self.store.tx() as s:
+            found = self.store.load_jobs(s, ids)
+            for job_id in dict.fromkeys(ids):
+                job = found.get(job_id)
+                try:
+                    if job is None:
+                        raise NotFound(f"job {job_id} does not exist", "job_id")
+                    if not caller.may_act_on(job.user):
+                        raise Forbidden(f"job {job_id} belongs to {job.user}; {caller.user} ({caller.role}) may "
+                                        f"only {action} their own jobs")
+                    getattr(self, f"_{action}")(s, job, caller)  # each refuses before it changes anything
+                except DomainError as e:
+                    refused.append({"id": job_id, "kind": e.kind, "detail": str(e)})
+                    continue
+                self.store.record(s, caller.user, f"job.{action}", str(job_id), {"state": job.state},
+                                  caller.address)
+                done.append(job_id)
+            others = [r["id"] for r in refused if r["kind"] == Forbidden.kind]
+            if others:
+                self.store.record(s, caller.user, "api.refused", f"/v1/jobs/{action}",
+                                  {"status": 403, "method": "POST", "jobs": others[:100],
+                                   "why": f"{len(others)} of the jobs are other users'"}, caller.address)
+        if done:
+            self.wake()
+        return {"done": done, "refused": refused}
+
     def _cancel(self, s: Session, job: Job, caller: Caller) -> None:
         if job.state in m.WAITING_STATES:
             job.end_time = self.clock.time()

@@ -182,9 +182,13 @@ def scontrol(words):
                        f"   Aliases={','.join(q.get('aliases') or []) or '(null)'} "
                        f"PriorityTier={q.get('priority', 0)}\n")
     elif verb in ("hold", "uhold", "release", "requeue") and rest:
-        action = {"hold": c.hold, "uhold": c.hold, "release": c.release, "requeue": c.requeue}[verb]
-        for job_id in _job_ids(c, ",".join(rest), _ARRAY_TASKS.get(verb)):
-            call(action, job_id, prog="scontrol")
+        action = "hold" if verb == "uhold" else verb
+        ids = _job_ids(c, ",".join(rest), _ARRAY_TASKS.get(verb))
+        refused = call(c.act_many, action, ids, prog="scontrol")["refused"] if ids else []
+        for r in refused:  # each job refused says why; the others were acted on
+            click.echo(f"scontrol: error: {r['detail']}", err=True)
+        if refused:
+            raise SystemExit(EXIT_REFUSED)
     elif verb == "update" and rest:
         _update(c, rest)
     else:

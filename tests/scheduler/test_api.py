@@ -179,6 +179,35 @@ def test_event_stream_delivers_every_event_of_each_commit_once_and_in_order(api)
     assert [next(replay)["id"] for _ in want] == ids
 
 
+def test_a_bulk_action_acts_on_each_job_it_may_and_says_why_for_the_others(api):
+    """POST /v1/jobs/actions/cancel: one call for many jobs (an array's tasks); each job is acted
+    on or refused as its own call would be, and a refused one is left as it was."""
+    daemon, admin, c = api
+    mine = [c["user"].submit({"command": ["true"], "hold": True})["id"] for _ in range(3)]
+    theirs = c["user2"].submit({"command": ["true"], "hold": True})["id"]
+    c["user"].cancel(mine[2])
+    missing = max(mine + [theirs]) + 10_000
+    r = c["user"].act_many("cancel", [mine[0], theirs, missing, mine[1], mine[0], mine[2]])
+    assert r["done"] == [mine[0], mine[1]]
+    assert [(x["id"], x["status"]) for x in r["refused"]] == [(theirs, 403), (missing, 404), (mine[2], 409)]
+    assert "belongs to user2" in r["refused"][0]["detail"] and "already CANCELLED" in r["refused"][2]["detail"]
+    assert [admin.job(j)["state"] for j in (*mine[:2], theirs)] == ["CANCELLED", "CANCELLED", "PENDING"]
+    refusals = [e for e in admin.events(limit=50) if e["action"] == "api.refused"
+                and e["target"] == "/v1/jobs/cancel"]
+    assert refusals and refusals[-1]["actor"] == "user1" and refusals[-1]["detail"]["jobs"] == [theirs]
+    held = admin.submit({"command": ["true"], "hold": True, "array": "0-2999"})
+    tasks = [j["id"] for j in admin.jobs(all=True, limit=10_000, ids=str(held["id"]))]
+    assert len(tasks) == 3000
+    r = admin.act_many("release", tasks)
+    assert len(r["done"]) == 3000 and not r["refused"]
+    assert admin.act_many("cancel", tasks)["done"] == tasks  # in the order asked
+    assert {j["state"] for j in admin.jobs(all=True, limit=10_000, ids=str(held["id"]))} == {"CANCELLED"}
+    for body in ({"ids": []}, {"ids": [0]}, {"ids": list(range(1, 10_002))}, {"ids": "1,2"}, {"id": [1]}):
+        resp = httpx.post(f"{daemon.url}/v1/jobs/actions/cancel", json=body,
+                          headers={"Authorization": f"Bearer {daemon.token}"})
+        assert resp.status_code == 422, (body, resp.text)
+
+
 def test_openapi_is_served(daemon):
     spec = httpx.get(f"{daemon.url}/openapi.json").json()
     assert "/v1/jobs" in spec["paths"] and "/v1/nodes/{name}/drain" in spec["paths"]

@@ -246,6 +246,16 @@ def test_scancel_of_an_array_task_cancels_that_task_and_of_an_array_every_task(d
     r = slurm(daemon, "scancel", "12;drop")
     assert r.returncode == 2 and "invalid job id '12;drop'" in r.stderr
     assert slurm(daemon, "scancel", str(other)).returncode == 0 and c.job(other)["state"] == "CANCELLED"
+    r = slurm(daemon, "scancel", str(other))  # ended already: Slurm says so, and -Q keeps quiet
+    assert r.returncode == 1 and f"Kill job error on job id {other}: job {other} is already CANCELLED" in r.stderr
+    r = slurm(daemon, "scancel", "-Q", str(other))
+    assert r.returncode == 0 and r.stderr == ""
+    # a big array goes in one call (its tasks are one transaction), each task cancelled once
+    big = c.submit({"command": ["true"], "array": "0-2499", "hold": True, "name": "big"})["id"]
+    assert slurm(daemon, "scancel", str(big)).returncode == 0
+    ended = [e for e in c.events(limit=10_000) if e["action"] == "job.cancel" and int(e["target"]) >= big]
+    assert len(ended) == 2500 and len({e["target"] for e in ended}) == 2500
+    assert {j["state"] for j in c.jobs(all=True, ids=str(big), limit=5000)} == {"CANCELLED"}
 
 
 def test_scontrol_acts_on_the_array_task_it_is_given(daemon):

@@ -10,8 +10,18 @@ from ... import models as m
 from ...daemon import Invalid, JobFilter, JobRequest
 from ...daemon.jobs import SLURM_FIELDS
 from ..deps import DaemonDep, Who
-from ..errors import responses
-from ..schemas import MAX_ID, JobPatch, JobRead, JobSubmit, LogChunk, storable
+from ..errors import STATUS, responses
+from ..schemas import (
+    BULK_MAX,
+    MAX_ID,
+    BulkResult,
+    JobIdList,
+    JobPatch,
+    JobRead,
+    JobSubmit,
+    LogChunk,
+    storable,
+)
 from .common import Json
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -92,6 +102,20 @@ async def patch_job(job_id: JobId, body: JobPatch, d: DaemonDep, who: Who):
 
 
 def _action(action: str, doc: str):
+    async def act_many(body: JobIdList, d: DaemonDep, who: Who):
+        result = d.jobs.act_many(who, body.ids, action)
+        return Json({"done": result["done"],
+                     "refused": [{"id": r["id"], "status": STATUS.get(r["kind"], 409), "detail": r["detail"]}
+                                 for r in result["refused"]]})
+
+    act_many.__doc__ = (f"{doc.split(':')[0]} many jobs in one call (at most {BULK_MAX:,}; an array's tasks, "
+                        "scancel of a user's jobs): each is acted on, or refused with the status and reason "
+                        "its own call would have had, and the others go on.")
+    act_many.__name__ = f"{action}_jobs"
+    # first: /{job_id}/<action> would take "actions" for a job id
+    router.add_api_route(f"/actions/{action}", act_many, methods=["POST"], response_model=BulkResult,
+                         responses=responses(), name=f"{action}_jobs")
+
     async def act(job_id: JobId, d: DaemonDep, who: Who):
         return Json(d.jobs.act(who, job_id, action))
 
