@@ -78,10 +78,10 @@ def node_gpus(declared: int, model: str):
     return SimulatedGpus(int(sim))
 
 
-# Slurm's srun and scontrol for batch scripts: where each file lies under the agent's directory,
-# and its path in the bundle (the shims load hostlist.py and layout.py from the directory above)
 # requests handled in one turn of the main loop before it looks at the job directories again
 INBOX_BATCH = 64
+# Slurm's srun and scontrol for batch scripts: where each file lies under the agent's directory,
+# and its path in the bundle (the shims load hostlist.py and layout.py from the directory above)
 SLURM_SHIM_FILES = (("hostlist.py", "slurm/hostlist.py"), ("layout.py", "slurm/layout.py"),
                     ("bin/srun", "slurm/shims/srun.py"), ("bin/scontrol", "slurm/shims/scontrol.py"))
 

@@ -455,7 +455,7 @@ class JobService:
                 done.append(job_id)
             others = [r["id"] for r in refused if r["kind"] == Forbidden.kind]
             if others:
-                self.store.record(s, caller.user, "api.refused", f"/v1/jobs/{action}",
+                self.store.record(s, caller.user, "api.refused", f"/v1/jobs/actions/{action}",
                                   {"status": 403, "method": "POST", "jobs": others[:100],
                                    "why": f"{len(others)} of the jobs are other users'"}, caller.address)
         if done:

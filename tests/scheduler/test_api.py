@@ -193,7 +193,7 @@ def test_a_bulk_action_acts_on_each_job_it_may_and_says_why_for_the_others(api):
     assert "belongs to user2" in r["refused"][0]["detail"] and "already CANCELLED" in r["refused"][2]["detail"]
     assert [admin.job(j)["state"] for j in (*mine[:2], theirs)] == ["CANCELLED", "CANCELLED", "PENDING"]
     refusals = [e for e in admin.events(limit=50) if e["action"] == "api.refused"
-                and e["target"] == "/v1/jobs/cancel"]
+                and e["target"] == "/v1/jobs/actions/cancel"]
     assert refusals and refusals[-1]["actor"] == "user1" and refusals[-1]["detail"]["jobs"] == [theirs]
     held = admin.submit({"command": ["true"], "hold": True, "array": "0-2999"})
     tasks = [j["id"] for j in admin.jobs(all=True, limit=10_000, ids=str(held["id"]))]
