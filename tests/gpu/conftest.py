@@ -47,6 +47,7 @@ class AgentProcess:
 
     def wait_for(self, ev, pred=lambda m: True, timeout=15.0) -> dict:
         deadline = time.monotonic() + timeout
+        passed = []  # what came instead (telemetry aside), to say why in the failure
         while time.monotonic() < deadline:
             try:
                 msg = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
@@ -54,7 +55,9 @@ class AgentProcess:
                 break
             if msg.get("ev") == ev and pred(msg):
                 return msg
-        raise AssertionError(f"the agent sent no {ev} message that matched")
+            if msg.get("ev") not in ("telemetry", "output"):
+                passed.append(msg)
+        raise AssertionError(f"the agent sent no {ev} message that matched; it sent {passed[-5:]}")
 
     def request(self, timeout=15.0, **msg) -> dict:
         """Send a request with an id and return the agent's answer to it (any event)."""

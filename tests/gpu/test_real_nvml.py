@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 from scheduler import agent
 from scheduler.dcgm import format_gpu_rows, gpu_families
 from scheduler.health import HealthRules, evaluate
+from tests.conftest import agent_dir_for, ensure_job_account
 from tests.gpu.conftest import AgentProcess
 
 pytestmark = pytest.mark.gpu
@@ -117,5 +119,106 @@ def test_the_agent_process_reports_real_gpus_and_refuses_faults(real_gpus, tmp_p
         assert [g["index"] for g in msg["gpus"]] == list(range(real_gpus.count))
         answer = a.request(op="fault", id=1, gpu=0, kind="xid", value=79)
         assert answer["ev"] == "error" and answer["error"].endswith("has real ones")
+    finally:
+        a.close()
+
+
+# A few seconds of matrix products on GPU 0, in its own session as a job's processes are: the
+# first library of these that this Python has does the work.
+_LOAD = """
+import sys, time
+end = time.time() + float(sys.argv[1])
+try:
+    import torch
+    a = torch.randn(8192, 8192, device="cuda:0", dtype=torch.bfloat16)
+    print("ready", flush=True)
+    while time.time() < end:
+        for _ in range(20):
+            a = (a @ a).clamp_(-1, 1)
+        torch.cuda.synchronize()
+except ImportError:
+    import cupy
+    a = cupy.random.rand(8192, 8192, dtype=cupy.float32)
+    print("ready", flush=True)
+    while time.time() < end:
+        for _ in range(20):
+            a = cupy.clip(a @ a, -1, 1)
+        cupy.cuda.Device(0).synchronize()
+"""
+
+
+def _gpu_library() -> str | None:
+    import importlib.util
+    return next((m for m in ("torch", "cupy") if importlib.util.find_spec(m)), None)
+
+
+def test_a_busy_gpu_reads_busy_and_its_process_is_the_jobs(real_gpus):
+    """What an ops engineer reads off a node running a job: utilisation, tensor activity, power
+    and memory up, and the process NVML sees attributed to the job that started it."""
+    import subprocess
+    import sys
+
+    if _gpu_library() is None:
+        pytest.skip("neither torch nor cupy is installed here to put a load on the GPU")
+    idle = real_gpus.telemetry({})[0]
+    load = subprocess.Popen([sys.executable, "-c", _LOAD, "20"], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert load.stdout.readline().strip() == "ready"
+        time.sleep(2.0)
+        real_gpus.telemetry({}, {load.pid: 7})  # GPM measures between two reads
+        time.sleep(2.0)
+        busy = real_gpus.telemetry({}, {load.pid: 7})[0]  # no allocation: the process names the job
+    finally:
+        load.kill()
+        load.wait()
+    keys = ("util_gpu", "power_w", "mem_used_mb", "prof_gr_engine_active", "prof_pipe_tensor_active",
+            "sm_clock_mhz", "processes", "job_id")
+    print("\nidle:", json.dumps({k: idle[k] for k in keys}))
+    print("busy:", json.dumps({k: busy[k] for k in keys}))
+    assert busy["mem_used_mb"] >= idle["mem_used_mb"] + 100  # the 8192² matrices at least
+    if busy["util_gpu"] is not None:
+        assert busy["util_gpu"] >= 50
+    if busy["power_w"] is not None and idle["power_w"] is not None:
+        assert busy["power_w"] > idle["power_w"]
+    if busy["prof_gr_engine_active"] is not None:  # GPM (Hopper and later)
+        assert busy["prof_gr_engine_active"] > 0.3
+    if busy["processes"] is not None:
+        # NVML names the process by the host's pid; inside a container that may not be ours
+        mine = [p for p in busy["processes"] if p["pid"] == load.pid]
+        if mine:
+            assert busy["job_id"] == 7
+            assert mine[0]["job_id"] == 7 and (mine[0]["used_mb"] is None or mine[0]["used_mb"] > 100)
+        else:
+            print("NVML's pids", [p["pid"] for p in busy["processes"]], "are not this namespace's",
+                  load.pid)
+
+
+def test_a_job_the_agent_runs_on_a_real_gpu_is_seen_on_it_and_ends_with_its_exit_code(real_gpus, tmp_path):
+    """The agent as the daemon drives it: it starts the job on GPU 0, its telemetry shows the GPU
+    busy with the job's process, and the job's end is reported with its exit code."""
+    import sys
+
+    if _gpu_library() is None:
+        pytest.skip("neither torch nor cupy is installed here to put a load on the GPU")
+    a = AgentProcess(Path(agent_dir_for(tmp_path, "gpu")), sim_gpus=None, telemetry_s=0.5)
+    try:
+        print("\nfencing:", json.dumps(a.hello.get("fencing")))
+        # as root the agent starts jobs only as their owners (fenced where the node has cgroups)
+        a.send(op="launch", key="9.0", job_id=9, argv=[sys.executable, "-c", _LOAD, "8"],
+               env={"CUDA_VISIBLE_DEVICES": "0"}, gpus=[0], user=ensure_job_account() or None)
+        started = a.wait_for("started", timeout=30)
+        g = a.gpu(0, lambda g: g["processes"] and (g["util_gpu"] or 0) >= 50)
+        shown = ("util_gpu", "power_w", "processes", "job_id")
+        print("\nbusy under the agent:", json.dumps({k: g[k] for k in shown}))
+        assert g["job_id"] == 9
+        pids = [p["pid"] for p in g["processes"]]
+        if started["pid"] in pids:  # NVML's pids are the host's: inside a container they may differ
+            assert g["processes"][pids.index(started["pid"])]["job_id"] == 9
+        assert a.wait_for("exited", lambda m: m.get("key") == "9.0", timeout=60)["rc"] == 0
+        a.gpu(0, lambda g: not g["processes"] and g["job_id"] is None)  # the GPU is free again
+    except AssertionError:
+        print("the job's output:", a.request(op="log", id=99, key="9.0").get("data"))
+        raise
     finally:
         a.close()
