@@ -80,9 +80,9 @@ class HealthRules:
         self.fatal_xids = frozenset(self.fatal_xids)
 
 
-def _gpus(sample: dict) -> list:
+def _gpus(sample: dict) -> list | tuple:
     gpus = sample.get("gpus") if isinstance(sample, dict) else None
-    return gpus if isinstance(gpus, list) else []
+    return gpus if isinstance(gpus, (list, tuple)) else []
 
 
 def _num(v):

@@ -531,6 +531,24 @@ class NodeLink:
         tail = one_line(err, 400)
         return f"the agent exited with status {status} {when}" + (f": {tail}" if tail else "")
 
+    def _dispatch(self, line: str) -> None:
+        """One line from the agent: an answer to a request, or a message for the daemon. A call of
+        its own, so that the message dies with it instead of living in the serving loop's frame
+        until the next line (at 1,000 nodes, 1,000 telemetry messages the collector walked)."""
+        try:
+            msg = decode_line(line)
+        except ValueError:
+            log.warning("node %s: agent said %r", self.name, line[:200])
+            return
+        rid = msg.get("id")
+        if rid is not None and rid in self._waiters:
+            fut = self._waiters[rid]
+            if not fut.done():
+                fut.set_result(msg)
+            if msg.get("ev") != "error":
+                return
+        self.on_message(self.name, msg)
+
     async def _serve(self, proc, hello: dict) -> None:
         self._stdin = proc.stdin
         self.connected = True
@@ -540,19 +558,7 @@ class NodeLink:
             await r
         self.on_message(self.name, hello)
         async for line in proc.stdout:
-            try:
-                msg = decode_line(line)
-            except ValueError:
-                log.warning("node %s: agent said %r", self.name, line[:200])
-                continue
-            rid = msg.get("id")
-            if rid is not None and rid in self._waiters:
-                fut = self._waiters[rid]
-                if not fut.done():
-                    fut.set_result(msg)
-                if msg.get("ev") != "error":
-                    continue
-            self.on_message(self.name, msg)
+            self._dispatch(line)
         # stdout closed: the agent exited or the connection dropped
         await proc.wait_closed()
         raise NodeError(await self._ended(proc, "while serving the node"))

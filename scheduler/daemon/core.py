@@ -34,7 +34,7 @@ from .inventory import Inventory
 from .jobs import JobService
 from .leadership import Leadership
 from .lifecycle import JobLifecycle, RankExit
-from .links import NodeLinks
+from .links import NodeLinks, settled
 from .logbucket import LogBucket
 from .logstore import JobLogs, LogStore, log_root
 from .notifications import Notifications
@@ -297,7 +297,7 @@ class Daemon:
         ev = msg.get("ev")
         try:
             if ev == "telemetry":
-                sample = {"time": msg.get("time"), "gpus": msg.get("gpus", []), "source": msg.get("source")}
+                sample = {"time": msg.get("time"), "gpus": settled(msg.get("gpus", ())), "source": msg.get("source")}
                 self.links.telemetry[name] = sample
                 self.health.observe(name, sample)
                 self.gate.observe(name, sample)

@@ -14,6 +14,29 @@ from .errors import NotFound, Unavailable
 log = logging.getLogger("trainyard.daemon")
 
 
+def settled(gpus):
+    """A telemetry sample's GPUs as the daemon keeps them: each GPU's list fields become tuples
+    and its dict is rebuilt, so that it holds only numbers, strings and tuples. CPython then
+    leaves the dict out of its garbage collector, which otherwise walks every field of every
+    GPU's latest reading (8,000 dicts and their 24,000 lists at 1,000 nodes) at each young
+    collection: most of a 100 ms pause of the event loop there. About 30 µs per 8-GPU sample."""
+    if type(gpus) is not list:
+        return gpus  # malformed: the readers skip what is not a list or tuple of dicts
+    out = []
+    for g in gpus:
+        if type(g) is dict:
+            for k in _LIST_FIELDS:
+                v = g.get(k)
+                if type(v) is list:
+                    g[k] = tuple(v)
+            g = dict(g.items())  # a new dict is tracked only if a value is (a dict's copy is as its original)
+        out.append(g)
+    return tuple(out)
+
+
+_LIST_FIELDS = ("processes", "xid_events", "mig_instances")  # GPU_FIELDS that are lists
+
+
 class NodeLinks:
     """The daemon's side of every node: who is connected, why not, and what the agent last said."""
 

@@ -100,3 +100,26 @@ def test_a_drain_shows_on_the_very_next_listing(daemon):
 def _active():
     from scheduler.daemon.jobs import JobFilter
     return JobFilter(all=False, states=frozenset(), user=None, queue=None, limit=1000)
+
+
+def test_a_gpu_reading_is_listed_as_the_agent_sent_it_and_kept_out_of_the_collector(daemon):
+    """The daemon keeps each GPU's reading with tuples for its lists (so that the garbage
+    collector need not walk it); what the listing, the health rules and the metrics read is the
+    reading the agent sent."""
+    import gc
+
+    from scheduler.simgpu import SimulatedGpus
+
+    d, up = daemon
+    up.add("n0")
+    gpus = SimulatedGpus(4).telemetry({1: 7}, {})
+    gpus[1]["processes"] = [{"pid": 42, "used_mb": 100, "job_id": 7}]
+    gpus[2]["xid_events"] = [79]  # fell off the bus (a fatal XID)
+    line = orjson.dumps({"ev": "telemetry", "time": 5.0, "source": "simulated", "gpus": gpus})
+    d.on_agent_message("n0", orjson.loads(line))
+    listed = next(n for n in orjson.loads(d.nodes_listing()) if n["name"] == "n0")
+    assert listed["telemetry"]["gpus"] == orjson.loads(orjson.dumps(gpus))
+    assert [v.gpu for v in d.health.tracker.verdicts("n0") if "79" in v.reason] == [2]
+    kept = d.links.telemetry["n0"]["gpus"]
+    assert not gc.is_tracked(kept[0]) and not gc.is_tracked(kept[3])  # every value a number or ()
+    assert kept[2]["xid_events"] == (79,)
