@@ -420,14 +420,18 @@ class JobService:
     def act(self, caller: Caller, job_id: int, action: str) -> dict[str, Any]:
         with self.store.tx() as s:
             job = self._job(s, job_id)
-            if not caller.may_act_on(job.user):
-                raise Forbidden(f"job {job_id} belongs to {job.user}; {caller.user} ({caller.role}) may only "
-                                f"{action} their own jobs")
-            getattr(self, f"_{action}")(s, job, caller)
-            self.store.record(s, caller.user, f"job.{action}", str(job_id), {"state": job.state},
-                              caller.address)
+            self._act_on(s, caller, job, action)
         self.wake()
         return job_json(job, caller)
+
+    def _act_on(self, s: Session, caller: Caller, job: Job, action: str) -> None:
+        """One job action (cancel, hold, release, requeue), checked and audited; it raises before
+        it changes anything."""
+        if not caller.may_act_on(job.user):
+            raise Forbidden(f"job {job.id} belongs to {job.user}; {caller.user} ({caller.role}) may only "
+                            f"{action} their own jobs")
+        getattr(self, f"_{action}")(s, job, caller)
+        self.store.record(s, caller.user, f"job.{action}", str(job.id), {"state": job.state}, caller.address)
 
     def act_many(self, caller: Caller, ids: list[int], action: str) -> dict[str, Any]:
         """The same action on many jobs in one transaction (scancel of an array's 5,000 tasks was
@@ -443,15 +447,10 @@ class JobService:
                 try:
                     if job is None:
                         raise NotFound(f"job {job_id} does not exist", "job_id")
-                    if not caller.may_act_on(job.user):
-                        raise Forbidden(f"job {job_id} belongs to {job.user}; {caller.user} ({caller.role}) may "
-                                        f"only {action} their own jobs")
-                    getattr(self, f"_{action}")(s, job, caller)  # each refuses before it changes anything
+                    self._act_on(s, caller, job, action)
                 except DomainError as e:
                     refused.append({"id": job_id, "kind": e.kind, "detail": str(e)})
                     continue
-                self.store.record(s, caller.user, f"job.{action}", str(job_id), {"state": job.state},
-                                  caller.address)
                 done.append(job_id)
             others = [r["id"] for r in refused if r["kind"] == Forbidden.kind]
             if others:
