@@ -11,7 +11,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import asyncssh
-import orjson
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -50,7 +49,7 @@ from .state import StateStore
 from .steps import EVENTS as STEP_EVENTS
 from .steps import StepRelay
 from .tokens import Tokens
-from .views import node_json
+from .views import json_bytes, node_json
 
 log = logging.getLogger("trainyard.daemon")
 
@@ -391,7 +390,7 @@ class Daemon:
         nodes that changed since the last one cost. A standby renders every node each time."""
         if not self.leadership.leading:
             self._node_parts = {}
-            return orjson.dumps(self.node_views(), option=orjson.OPT_NON_STR_KEYS)
+            return json_bytes(self.node_views())
         with self.store.read() as s:
             used = self.overview.usage(s)
             rows = self._node_rows(s)
@@ -403,7 +402,7 @@ class Daemon:
                       used.get(name, 0), self.health.excluded_gpus(name))
             was = kept.get(name)
             if was is None or not _same_inputs(was[0], inputs):
-                was = (inputs, orjson.dumps(self._node_view(n, used), option=orjson.OPT_NON_STR_KEYS))
+                was = (inputs, json_bytes(self._node_view(n, used)))
             parts[name] = was
         self._node_parts = parts
         return b"[" + b",".join(part for _, part in parts.values()) + b"]"

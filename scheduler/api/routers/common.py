@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from fastapi.responses import JSONResponse
+
+from ...daemon.views import json_bytes
 
 
 class Json(JSONResponse):
@@ -15,4 +16,4 @@ class Json(JSONResponse):
     become null, as JSON has no such numbers."""
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
+        return json_bytes(content)
