@@ -442,27 +442,47 @@ def _predicted_runtime(j: dict) -> str | None:
 
 
 def _job_action(action: str, ids: tuple[int, ...], as_json: bool) -> None:
-    from .client import ApiError, Unreachable
+    """One job: its own call. Several: one bulk call per 10,000 (each job acted on or refused as
+    its own call would be), then their states in pages of IDS_MAX; printed in the order given."""
+    from .client import IDS_MAX, ApiError, Unreachable
 
     c = client()
-    failed = False
+    try:
+        if len(ids) == 1:
+            try:
+                jobs, errors = {ids[0]: getattr(c, action)(ids[0])}, {}
+            except ApiError as e:
+                jobs, errors = {}, {ids[0]: e.detail}
+        else:
+            answer = c.act_many(action, ids)
+            errors = {r["id"]: r["detail"] for r in answer["refused"]}
+            done = answer["done"]
+            jobs = {}
+            for first in range(0, len(done), IDS_MAX):
+                page = done[first:first + IDS_MAX]
+                wanted = set(page)
+                jobs.update((j["id"], j) for j in c.jobs(all=True, ids=",".join(map(str, page)),
+                                                         limit=len(page) * 2 + 100)
+                            if j["id"] in wanted)  # (an array's id also lists its tasks)
+    except ApiError as e:  # the bulk call itself refused (a bad list): nothing was done
+        fail(e.detail, REFUSED)
+    except Unreachable as e:
+        fail(str(e), UNREACHABLE)
     results = []
-    for job_id in ids:
-        try:
-            j = getattr(c, action)(job_id)
-        except ApiError as e:
-            click.echo(f"trainyard: error: {e.detail}", err=True)
-            failed = True
+    for job_id in dict.fromkeys(ids):
+        if job_id in errors:
+            click.echo(f"trainyard: error: {errors[job_id]}", err=True)
             continue
-        except Unreachable as e:
-            fail(str(e), UNREACHABLE)
+        j = jobs.get(job_id)
+        if j is None:
+            continue
         results.append(j)
         if not as_json:
             click.echo(f"job {j['id']}: {j['state']}" + (" (stopping)" if action in ("cancel", "requeue")
                                                          and j["state"] in ("RUNNING", "STARTING") else ""))
     if as_json:
         print_json(results)
-    if failed:
+    if errors:
         sys.exit(REFUSED)
 
 

@@ -14,6 +14,7 @@ import httpx
 from .config import client_config_path
 
 BULK_MAX = 10_000  # jobs per call of POST /v1/jobs/actions/<action> (the API's limit)
+IDS_MAX = 1000  # ids per GET /v1/jobs?ids= or /v1/accounting/jobs?ids= (the API's limit)
 
 
 class ApiError(Exception):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import click
 
+from ..client import IDS_MAX
 from .hostlist import compress
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
@@ -104,7 +105,7 @@ def sacct_time(seconds: float | None) -> str:
 
 
 # ----------------------------------------------------------------------------- job ids
-MAX_IDS = 1000  # ids per request to the daemon (GET /v1/jobs and /v1/accounting/jobs take at most this)
+MAX_IDS = IDS_MAX  # ids per request to the daemon (GET /v1/jobs and /v1/accounting/jobs take at most this)
 _JOB_REF = re.compile(r"(\d+)(?:_(\d+|\[[\d,\-]+\]))?(?:\.(?:batch|extern|interactive|\d+))?")
 
 

@@ -65,6 +65,20 @@ def test_refusals_exit_1_with_the_daemons_message(daemon):
     assert r.returncode == 1 and "unknown queue 'gold'" in r.stderr
 
 
+def test_several_jobs_are_acted_on_in_one_call_each_answered_in_the_order_given(daemon):
+    ids = [json.loads(daemon.cli("submit", "--hold", "--json", "--", "true", check=True).stdout)["id"]
+           for _ in range(3)]
+    a, b, c = map(str, ids)
+    r = daemon.cli("cancel", b, "424242", a, b)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stdout.splitlines() == [f"job {b}: CANCELLED", f"job {a}: CANCELLED"]
+    assert r.stderr.strip() == "trainyard: error: job 424242 does not exist"
+    r = daemon.cli("release", c, a, "--json")
+    assert r.returncode == 1 and f"job {ids[0]} is CANCELLED" in r.stderr  # an ended job: refused
+    assert [(j["id"], j["state"], bool(j["held"])) for j in json.loads(r.stdout)] == [(ids[2], "PENDING", False)]
+    daemon.cli("cancel", c, check=True)
+
+
 def test_node_that_refuses_ssh_is_not_registered(daemon):
     port = free_port()
     r = daemon.cli("node", "add", "ghost", "--address", "127.0.0.1", "--port", str(port), "--accept-new-host-key")
