@@ -34,6 +34,8 @@ import pytest
 from scheduler.nodes import NodeLink, SshSettings, SshTarget
 from tests.conftest import SSHD, TEST_CONFIG, DaemonProc, free_port, require_or_skip, wait_for
 
+# a node of a pure cgroup v2 host: the v1 hierarchies gone from its view, the unified one in place
+V2_ONLY = "umount -l /sys/fs/cgroup\nmount -t cgroup2 cgroup2 /sys/fs/cgroup\n"
 TEST_BASE = Path("/var/lib/trainyard-tests")  # outside /tmp and /var/tmp, which nodes mask
 USERS = ("alice", "bob")
 BASIC_DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8),
@@ -103,7 +105,7 @@ class Node:
 
     def __init__(self, base: Path, name: str, client_pub: str, home: Path, gpus: int = 4,
                  sftp: bool = True, path: str = "/usr/local/bin:/usr/bin:/bin", setup: str = "",
-                 ciphers: str = ""):
+                 ciphers: str = "", cgroup: str = "v1"):
         self.name = f"{name}-{uuid.uuid4().hex[:6]}"  # cgroups are named by node: keep them apart
         self.dir = base / name
         self.dir.mkdir(mode=0o711)  # sshd reads authorized_keys as the logging-in account
@@ -112,6 +114,9 @@ class Node:
         self.home, self.gpus, self.sftp, self.path = home, gpus, sftp, path
         self.setup = setup  # more shell run in the node's namespace before sshd starts
         self.ciphers = ciphers  # sshd's `Ciphers` (its own default when empty)
+        # "v2": the node sees only the unified hierarchy at /sys/fs/cgroup, as a pure cgroup v2
+        # host (Ubuntu 22.04+, RHEL 9) does; this machine's is the same kernel's, beside v1's
+        self.cgroup = cgroup
         self.host_key = self.dir / "host_ed25519"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.host_key)],
                        check=True)
@@ -131,7 +136,8 @@ class Node:
             mount -t tmpfs -o mode=755 tmpfs /usr/local/lib/trainyard
             mount --bind {self.home} /root
             mount -t tmpfs -o mode=755 tmpfs /dev
-            """) + devices + "\n" + gpus + "\n" + textwrap.dedent(f"""\
+            """) + devices + "\n" + gpus + "\n" + (V2_ONLY if self.cgroup == "v2" else "") \
+            + textwrap.dedent(f"""\
             mknod -m 666 /dev/nvidiactl c 195 255
             ln -s /proc/self/fd /dev/fd
             ln -s /proc/self/fd/0 /dev/stdin

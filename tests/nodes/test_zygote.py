@@ -299,7 +299,8 @@ def test_the_zygote_loads_only_what_a_supervisor_needs(tmp_path):
          "print(' '.join(sorted(sys.modules)))", str(bundle)],
         capture_output=True, text=True, check=True).stdout.split()
     assert {"jobstep", "fencing", "accounts", "nodefiles"} <= set(loaded)
-    assert not {"containers", "subprocess", "threading", "zipfile", "tempfile", "traceback"} & set(loaded)
+    assert not {"containers", "subprocess", "threading", "zipfile", "tempfile", "traceback", "ctypes",
+                "platform"} & set(loaded)
 
 
 def test_the_spare_supervisor_waits_holding_nothing_and_ends_with_its_zygote(tmp_path):
