@@ -120,6 +120,40 @@ def test_nodes_json_shows_how_each_node_fences_its_jobs(cluster):
         assert shown[node.name]["agent"]["root"] == "/var/lib/trainyard"
 
 
+def test_a_pure_cgroup_v2_node_fences_its_jobs_gpus_and_says_what_it_lacks(users):
+    from tests.nodes.test_fencing import unified_controllers
+
+    base = make_base()
+    home = base / "shared-home"
+    home.mkdir(mode=0o700)
+    d = start_daemon(base, USERS_MAP)
+    node = Node(base, "v2", d.public_key, home, cgroup="v2").start()
+    try:
+        add_node(d, node)
+        shown = d.cli("node", "show", node.name, check=True).stdout
+        missing = [c for c in ("memory", "cpu", "pids") if c not in unified_controllers()]
+        fences = "+".join(["dev"] + [w for c, w in (("memory", "mem"), ("cpu", "cpu"), ("pids", "pids"))
+                                     if c not in missing])
+        assert f"  fencing: v2 {fences}" in shown
+        if missing:
+            assert f"cgroup v2 without the {', '.join(missing)} controller(s)" in shown
+        done = ended(d, submit(d, d.token, "--gpus", "1", "--", "python3", "-c", OPEN_GPUS))
+        assert done["state"] == "COMPLETED"
+        [mine] = done["allocation"][0]["gpus"]
+        assert logs(d, done["id"]).splitlines() == [f"{i} {'ENXIO' if i == mine else 'EPERM'}" for i in range(4)]
+        job_id = submit(d, d.token, "--", "sh", "-c", "(setsid sh -c 'sleep 503.5 &' &); exec sleep 504.5")
+        wait_job(d.client(), job_id, "RUNNING")
+        wait_for(lambda: job_pids(node, "503.5") and job_pids(node, "504.5"), 10, what="both sleeps")
+        d.cli("cancel", str(job_id), check=True)
+        assert ended(d, job_id)["state"] == "CANCELLED"
+        wait_for(lambda: not job_pids(node, "503.5") and not job_pids(node, "504.5"), 10,
+                 what="every process of the cancelled job to end")
+    finally:
+        d.stop()
+        node.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_kill_9_of_the_daemon_with_jobs_on_two_nodes_sharing_a_home_loses_nothing(users):
     base = make_base()
     home = base / "shared-home"
