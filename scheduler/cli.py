@@ -443,8 +443,8 @@ def _predicted_runtime(j: dict) -> str | None:
 
 def _job_action(action: str, ids: tuple[int, ...], as_json: bool) -> None:
     """One job: its own call. Several: one bulk call per 10,000 (each job acted on or refused as
-    its own call would be), then their states in pages of IDS_MAX; printed in the order given."""
-    from .client import IDS_MAX, ApiError, Unreachable
+    its own call would be), then their states in pages of client.IDS_MAX; printed in the order given."""
+    from .client import ApiError, Unreachable, id_pages
 
     c = client()
     try:
@@ -457,13 +457,9 @@ def _job_action(action: str, ids: tuple[int, ...], as_json: bool) -> None:
             answer = c.act_many(action, ids)
             errors = {r["id"]: r["detail"] for r in answer["refused"]}
             done = answer["done"]
-            jobs = {}
-            for first in range(0, len(done), IDS_MAX):
-                page = done[first:first + IDS_MAX]
-                wanted = set(page)
-                jobs.update((j["id"], j) for j in c.jobs(all=True, ids=",".join(map(str, page)),
-                                                         limit=len(page) * 2 + 100)
-                            if j["id"] in wanted)  # (an array's id also lists its tasks)
+            wanted = set(done)
+            jobs = {j["id"]: j for page in id_pages(done) for j in c.jobs(all=True, ids=page, limit=100_000)
+                    if j["id"] in wanted}  # (an array's id also lists its tasks)
     except ApiError as e:  # the bulk call itself refused (a bad list): nothing was done
         fail(e.detail, REFUSED)
     except Unreachable as e:

@@ -17,6 +17,14 @@ BULK_MAX = 10_000  # jobs per call of POST /v1/jobs/actions/<action> (the API's 
 IDS_MAX = 1000  # ids per GET /v1/jobs?ids= or /v1/accounting/jobs?ids= (the API's limit)
 
 
+def id_pages(ids) -> Iterator[str]:
+    """`ids` as the `ids` parameters of GET /v1/jobs and /v1/accounting/jobs: comma-separated,
+    at most IDS_MAX in each."""
+    ids = list(ids)
+    for first in range(0, len(ids), IDS_MAX):
+        yield ",".join(map(str, ids[first:first + IDS_MAX]))
+
+
 class ApiError(Exception):
     """The daemon refused the request; `detail` is its message for people."""
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import click
 
-from ..client import IDS_MAX
+from ..client import id_pages
 from .hostlist import compress
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
@@ -105,7 +105,6 @@ def sacct_time(seconds: float | None) -> str:
 
 
 # ----------------------------------------------------------------------------- job ids
-MAX_IDS = IDS_MAX  # ids per request to the daemon (GET /v1/jobs and /v1/accounting/jobs take at most this)
 _JOB_REF = re.compile(r"(\d+)(?:_(\d+|\[[\d,\-]+\]))?(?:\.(?:batch|extern|interactive|\d+))?")
 
 
@@ -123,10 +122,8 @@ class JobRefs:
         return sorted(self.jobs | {array for array, _ in self.tasks})
 
     def pages(self) -> Iterator[str]:
-        """`ids` for each request, at most MAX_IDS in one."""
-        ids = self.ids()
-        for first in range(0, len(ids), MAX_IDS):
-            yield ",".join(map(str, ids[first:first + MAX_IDS]))
+        """`ids` for each request (client.IDS_MAX in one at most)."""
+        return id_pages(self.ids())
 
     def wants(self, job: dict) -> bool:
         """Whether `job` (as the API shows it) is one of these."""
@@ -185,7 +182,7 @@ def _task_range(body: str, ref: str, most: int = 100_000) -> set[int]:
 
 
 def refs_jobs(c, refs: JobRefs, prog: str) -> list[dict]:
-    """The jobs `refs` names, in any state, as GET /v1/jobs shows them: a request per MAX_IDS ids."""
+    """The jobs `refs` names, in any state, as GET /v1/jobs shows them: a request per client.IDS_MAX ids."""
     return [j for ids in refs.pages() for j in call(c.jobs, prog=prog, all=True, ids=ids, limit=100_000)
             if refs.wants(j)]
 
