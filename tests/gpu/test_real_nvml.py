@@ -222,3 +222,38 @@ def test_a_job_the_agent_runs_on_a_real_gpu_is_seen_on_it_and_ends_with_its_exit
         raise
     finally:
         a.close()
+
+
+_OPEN_GPU0 = """
+import errno, os
+try:
+    os.close(os.open("/dev/nvidia0", os.O_RDWR))
+    print("opened")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"""
+
+
+def test_a_job_not_given_the_gpu_cannot_open_it_where_the_node_fences_devices(real_gpus, tmp_path):
+    """On the real driver's device file: the agent's fence (v1's devices cgroup, or on a pure
+    cgroup v2 host its eBPF device program) refuses GPU 0 to a job allocated none, and lets the
+    job allocated it open it (the probe is the system's python3: the job's account may not
+    read this suite's virtual environment)."""
+    a = AgentProcess(Path(agent_dir_for(tmp_path, "gpu")), sim_gpus=None, telemetry_s=5)
+    try:
+        fencing = a.hello.get("fencing") or {}
+        print("\nfencing:", json.dumps(fencing))
+        if not fencing.get("devices"):
+            pytest.skip("this GPU host's agent fences no devices: "
+                        + (fencing.get("reason") or "it does not run as root"))
+        user = ensure_job_account() or None
+        seen = {}
+        for key, job_id, gpus in (("10.0", 10, []), ("11.0", 11, [0])):
+            a.send(op="launch", key=key, job_id=job_id, argv=["python3", "-c", _OPEN_GPU0],
+                   gpus=gpus, user=user)
+            assert a.wait_for("exited", lambda m, k=key: m.get("key") == k, timeout=30)["rc"] == 0
+            seen[key] = a.request(op="log", id=job_id, key=key)["data"].strip()
+        print("without GPU 0:", seen["10.0"], "with it:", seen["11.0"])
+        assert seen == {"10.0": "EPERM", "11.0": "opened"}
+    finally:
+        a.close()
