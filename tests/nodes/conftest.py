@@ -315,6 +315,8 @@ class Link:
         raise AssertionError(f"no {ev} for {key} within {timeout} s")
 
     def close(self) -> None:
+        if not self.thread.is_alive():  # closed already (a test that closed it itself)
+            return
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(self.link.stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)

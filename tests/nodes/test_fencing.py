@@ -156,3 +156,23 @@ def test_cgroup_v2_limits_are_written_in_the_kernels_units(tmp_path):
     assert fencing.oom_killed([path]) is False
     (job / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     assert fencing.oom_killed([path]) is True
+
+
+def test_a_cgroup_v2_job_survives_its_agent_and_the_next_agent_still_ends_all_of_it(node_factory, link_factory):
+    """The link goes and its agent with it; the job runs on in its cgroup. The next agent sets
+    the node's cgroups up again over the running job's, and a cancel through it still reaches
+    the job's double-forked child."""
+    node = node_factory(cgroup="v2")
+    first = link_factory(node)
+    first.wait_up()
+    first.send(op="launch", key="8.0", job_id=8, user="bob",
+               argv=["sh", "-c", "(setsid sh -c 'sleep 405.5 &' &); exec sleep 406.5"])
+    first.wait_for("started", "8.0")
+    wait_for(lambda: job_pids(node, "405.5") and job_pids(node, "406.5"), 10, what="both sleeps")
+    first.close()
+    second = link_factory(node)
+    assert second.wait_up()["fencing"]["devices"] is True
+    assert job_pids(node, "405.5") and job_pids(node, "406.5")  # it outlived the first agent
+    second.send(op="signal", key="8.0", sig="TERM")
+    wait_for(lambda: not job_pids(node, "405.5") and not job_pids(node, "406.5"), 10,
+             what="every process of the job to end")
