@@ -394,25 +394,27 @@ def procs(paths: list) -> set:
     return out
 
 
-def _freezer(paths: list):
-    return next((p for p in paths if os.path.exists(os.path.join(p, "freezer.state"))), None)
+# (the file that freezes the cgroup, its frozen and thawed values, the file and the line that
+# say it is frozen): v1's freezer controller, v2's core
+_FREEZERS = (("freezer.state", "FROZEN", "THAWED", "freezer.state", "FROZEN"),
+             ("cgroup.freeze", "1", "0", "cgroup.events", "frozen 1"))
 
 
-def _freeze_v1(path: str, frozen: bool) -> None:
-    state = os.path.join(path, "freezer.state")
-    _write(state, "FROZEN" if frozen else "THAWED")
+def _freezer(paths: list) -> tuple:
+    """(the job's cgroup that can be frozen, how), or (None, None)."""
+    for path in paths:
+        for how in _FREEZERS:
+            if os.path.exists(os.path.join(path, how[0])):
+                return path, how
+    return None, None
+
+
+def _freeze(path: str, how: tuple, frozen: bool) -> None:
+    ctl, on, off, state, done = how
+    _write(os.path.join(path, ctl), on if frozen else off)
     deadline = time.monotonic() + 1.0
     while frozen and time.monotonic() < deadline:
-        if _read(state).strip() == "FROZEN":
-            break
-        time.sleep(0.005)
-
-
-def _freeze_v2(path: str, frozen: bool) -> None:
-    _write(os.path.join(path, "cgroup.freeze"), "1" if frozen else "0")
-    deadline = time.monotonic() + 1.0
-    while frozen and time.monotonic() < deadline:
-        if "frozen 1" in _read(os.path.join(path, "cgroup.events")).splitlines():
+        if done in _read(os.path.join(path, state)).splitlines():
             break
         time.sleep(0.005)
 
@@ -422,18 +424,14 @@ def signal_all(paths: list, sig: int) -> int:
 
     The cgroup is frozen first (v1's freezer, v2's cgroup.freeze) so that no process forks past
     the signal; on v2, SIGKILL is the kernel's own `cgroup.kill`, which nothing can outrun."""
-    if sig == signal.SIGKILL:
-        killed = [p for p in paths if os.path.exists(os.path.join(p, "cgroup.kill"))]
-        for path in killed:
-            with contextlib.suppress(FencingError):
-                _write(os.path.join(path, "cgroup.kill"), "1")
-    freezer, freeze = _freezer(paths), _freeze_v1
-    if freezer is None:
-        freezer = next((p for p in paths if os.path.exists(os.path.join(p, "cgroup.freeze"))), None)
-        freeze = _freeze_v2
+    kill = [os.path.join(p, "cgroup.kill") for p in paths] if sig == signal.SIGKILL else []
+    for ctl in filter(os.path.exists, kill):
+        with contextlib.suppress(FencingError):
+            _write(ctl, "1")
+    freezer, how = _freezer(paths)
     if freezer:
         try:
-            freeze(freezer, True)
+            _freeze(freezer, how, True)
         except FencingError:
             freezer = None
     sent = 0
@@ -447,7 +445,7 @@ def signal_all(paths: list, sig: int) -> int:
     finally:
         if freezer:
             with contextlib.suppress(FencingError):
-                freeze(freezer, False)
+                _freeze(freezer, how, False)
     return sent
 
 

@@ -35,6 +35,15 @@ for i in range(4):
 """
 
 
+def start_double_forking(node, link, key: str, user: str, child: str, job: str) -> None:
+    """Launch job `key` as `user`: `sleep <job>`, and a `sleep <child>` that leaves the job's
+    session and is orphaned (only its cgroup still knows it); return once both run."""
+    link.send(op="launch", key=key, job_id=int(key.split(".")[0]), user=user,
+              argv=["sh", "-c", f"(setsid sh -c 'sleep {child} &' &); exec sleep {job}"])
+    link.wait_for("started", key)
+    wait_for(lambda: job_pids(node, child) and job_pids(node, job), 10, what="both sleeps")
+
+
 @CGROUPS
 def test_a_job_opens_only_its_own_gpu(node_factory, link_factory, cgroup):
     node = node_factory(gpus=4, cgroup=cgroup)
@@ -74,11 +83,7 @@ def test_cancel_ends_every_process_even_a_double_forked_one(node_factory, link_f
     node = node_factory(cgroup=cgroup)
     link = link_factory(node)
     link.wait_up()
-    # the child leaves the job's session and is orphaned: only its cgroup still knows it
-    link.send(op="launch", key="4.0", job_id=4, user="alice",
-              argv=["sh", "-c", "(setsid sh -c 'sleep 401.5 &' &); exec sleep 402.5"])
-    link.wait_for("started", "4.0")
-    wait_for(lambda: job_pids(node, "401.5") and job_pids(node, "402.5"), 10, what="both sleeps")
+    start_double_forking(node, link, "4.0", "alice", "401.5", "402.5")
     link.send(op="signal", key="4.0", sig="TERM")
     assert link.wait_for("exited", "4.0")["rc"] == 143
     wait_for(lambda: not job_pids(node, "401.5"), 5, what="the double-forked sleep to end")
@@ -165,10 +170,7 @@ def test_a_cgroup_v2_job_survives_its_agent_and_the_next_agent_still_ends_all_of
     node = node_factory(cgroup="v2")
     first = link_factory(node)
     first.wait_up()
-    first.send(op="launch", key="8.0", job_id=8, user="bob",
-               argv=["sh", "-c", "(setsid sh -c 'sleep 405.5 &' &); exec sleep 406.5"])
-    first.wait_for("started", "8.0")
-    wait_for(lambda: job_pids(node, "405.5") and job_pids(node, "406.5"), 10, what="both sleeps")
+    start_double_forking(node, first, "8.0", "bob", "405.5", "406.5")
     first.close()
     second = link_factory(node)
     assert second.wait_up()["fencing"]["devices"] is True
