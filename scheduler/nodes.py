@@ -161,6 +161,28 @@ async def fetch_host_key(address: str, port: int, timeout: float) -> asyncssh.SS
     return key
 
 
+# known_hosts path -> (its bytes, parsed): see pinned_host_keys
+_pinned: dict[str, tuple[bytes, asyncssh.SSHKnownHosts]] = {}
+
+
+def pinned_host_keys(known_hosts: str) -> asyncssh.SSHKnownHosts | str:
+    """The daemon's pinned host keys, parsed again only when the file's bytes changed. Given a
+    file name, asyncssh reads and decodes every key in it at each handshake: O(nodes) per
+    connection, O(nodes²) for a cluster connecting at once (at 1,000 nodes about a fifth of the
+    daemon's CPU while they connect, tests/bench/bench_cluster_size.py). Reading and comparing
+    the bytes each time keeps an edit by hand (a removed line, a replaced key) seen at the next
+    handshake, however close in time to the last one."""
+    try:
+        data = Path(known_hosts).read_bytes()
+    except OSError:
+        return known_hosts  # absent or unreadable: asyncssh says so, as it always has
+    was = _pinned.get(known_hosts)
+    if was is None or was[0] != data:
+        was = (data, asyncssh.import_known_hosts(data.decode()))
+        _pinned[known_hosts] = was
+    return was[1]
+
+
 def pin_host_key(known_hosts: Path, address: str, port: int, key: asyncssh.SSHKey) -> None:
     known_hosts.parent.mkdir(parents=True, exist_ok=True)
     line = f"{host_pattern(address, port)} {key.export_public_key().decode().strip()}\n"
@@ -215,9 +237,13 @@ def encryption_algs() -> list[str]:
 
 async def connect(target: SshTarget, settings: SshSettings) -> asyncssh.SSHClientConnection:
     try:
+        known_hosts = pinned_host_keys(settings.known_hosts)
+    except ValueError as e:  # not UTF-8
+        raise NodeError(f"cannot read the pinned host keys in {settings.known_hosts}: {e}") from None
+    try:
         return await asyncssh.connect(
             target.address, target.port, username=target.user, encryption_algs=encryption_algs(),
-            client_keys=[target.key_path], known_hosts=settings.known_hosts,
+            client_keys=[target.key_path], known_hosts=known_hosts,
             connect_timeout=settings.connect_timeout_s,
             keepalive_interval=settings.keepalive_interval_s,
             keepalive_count_max=settings.keepalive_count_max,

@@ -7,7 +7,9 @@ import stat
 import subprocess
 import sys
 
-from scheduler.nodes import SshSettings, SshTarget, agent_bundle, connect
+import asyncssh
+
+from scheduler.nodes import NodeError, SshSettings, SshTarget, agent_bundle, connect
 from scheduler.protocol import PROTOCOL_VERSION
 
 
@@ -142,3 +144,40 @@ def test_links_run_aes_gcm_where_sshd_offers_it_and_what_a_stricter_sshd_allows(
         "chacha20-poly1305@openssh.com", "chacha20-poly1305@openssh.com")
     ctr = node_factory("ctr-only", ciphers="aes256-ctr")
     assert _ciphers(ctr, client_key, base) == ("aes256-ctr", "aes256-ctr")
+
+
+def test_an_edit_of_the_pinned_host_keys_counts_at_the_next_handshake(node_factory, client_key, base):
+    # the daemon parses its known_hosts once per change, not once per connection: a key
+    # replaced by hand must still be the one checked next, even within the same instant
+    node = node_factory("repinned")
+    known = base / "known_hosts-repinned"
+    pub = (node.host_key.parent / (node.host_key.name + ".pub")).read_text().split()
+    other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().split()
+    others = "".join(f"[10.0.{i // 250}.{i % 250}]:22 {other[0]} {other[1]}\n" for i in range(300))
+
+    def pin(key) -> None:
+        known.write_text(others + f"[127.0.0.1]:{node.port} {key[0]} {key[1]}\n")
+
+    async def handshake() -> str:
+        try:
+            conn = await connect(SshTarget(node.name, "127.0.0.1", node.port, "root", str(client_key)),
+                                 SshSettings(str(known), connect_timeout_s=5))
+        except NodeError as e:
+            return str(e)
+        conn.close()
+        await conn.wait_closed()
+        return "connected"
+
+    async def sequence() -> list[str]:
+        seen = []
+        for key in (other, pub, other, pub):
+            pin(key)  # same length each time: only the bytes differ
+            seen.append(await handshake())
+        known.write_bytes(b"\xff\xfe not text\n")
+        seen.append(await handshake())
+        return seen
+
+    refused, connected, refused_again, connected_again, unreadable = asyncio.run(sequence())
+    assert refused.startswith("host key verification failed") and refused_again == refused
+    assert connected == connected_again == "connected"
+    assert unreadable.startswith(f"cannot read the pinned host keys in {known}")
