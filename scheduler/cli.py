@@ -134,7 +134,8 @@ def cli():
 
 # ------------------------------------------------------------------------------ daemon, demo
 def daemon_status() -> None:
-    """One line per configured daemon: its URL and role (leader or standby, and why)."""
+    """One line per configured daemon: its URL and role (leader, with how many of its nodes are
+    connected; or standby, and why)."""
     import httpx
 
     from .client import NotConfigured, load_settings, split_urls
@@ -152,7 +153,10 @@ def daemon_status() -> None:
             continue
         role = h.get("role", "leader")
         leaders += role == "leader"
-        why = f" ({h['reason']}; leader: {h.get('leader') or 'none yet'})" if role != "leader" else ""
+        if role != "leader":
+            why = f" ({h['reason']}; leader: {h.get('leader') or 'none yet'})"
+        else:
+            why = f" ({h['nodes_connected']} of {h['nodes']} nodes connected)" if "nodes" in h else ""
         click.echo(f"{one}  {role}{why}")
         if role == "leader" and _token:  # what the daemon itself cannot do now (e.g. store logs)
             try:

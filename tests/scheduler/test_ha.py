@@ -83,6 +83,8 @@ def test_kill_9_of_the_leader_the_standby_takes_over_and_every_job_ends_once(pai
     assert failed["exit_code"] == 3
     wait_job(c, during["id"], "COMPLETED", timeout=30)
     assert (runs(t, "ok"), runs(t, "bad"), runs(t, "during")) == (1, 1, 1)
+    now = health(standby)  # the new leader says its agent is back
+    assert (now["nodes_connected"], now["nodes"]) == (1, 1)
     print(f"standby led {took:.1f} s after kill -9 of the leader")
 
 
@@ -141,4 +143,5 @@ def test_daemon_status_says_who_leads(pair):
     r = subprocess.run([".venv/bin/python", "-m", "scheduler.cli", "daemon", "--status"], env=env,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert f"{leader.url}  leader" in r.stdout and f"{standby.url}  standby" in r.stdout
+    assert f"{leader.url}  leader (0 of 0 nodes connected)" in r.stdout
+    assert f"{standby.url}  standby" in r.stdout

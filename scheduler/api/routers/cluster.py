@@ -33,7 +33,9 @@ async def cluster(request: Request, d: DaemonDep, who: Who):
 
 @router.get("/healthz", response_model=Health)
 async def healthz(d: DaemonDep):
-    """Liveness (no token), and which daemon leads: `role` is leader or standby (with why)."""
+    """Liveness (no token), and which daemon leads: `role` is leader or standby (with why). The
+    leader also says how many of its nodes' SSH links are up (`nodes_connected` of `nodes`):
+    after a takeover, how far the new leader is in reconnecting the agents."""
     lead = d.leadership
     out = {"ok": True, "role": lead.role, "url": d.url, "epoch": lead.epoch or None,
            "reason": lead.reason or None}
@@ -41,6 +43,8 @@ async def healthz(d: DaemonDep):
         out["leader"] = (await asyncio.to_thread(lead.leader)).get("url")
     elif lead.leading:
         out["leader"] = d.url
+        out["nodes"] = len(d.links.names())
+        out["nodes_connected"] = d.links.connected_count()
     return out
 
 
