@@ -309,8 +309,7 @@ class Daemon:
             elif ev in STEP_EVENTS:
                 self.steps.on_event(name, msg)
             elif ev == "hello":
-                self.reconciler.on_hello(name, msg)
-                self.gate.on_hello(name)
+                self.gate.on_hello(self.reconciler.on_hello(name, msg))
                 self.ptys.node_restarted(name)
                 self.steps.node_restarted(name)
             elif self.gate.owns(msg.get("key")):  # a health check's job, not a user's

@@ -154,18 +154,17 @@ class HealthGate:
             return
         fut.set_result(msg)
 
-    def on_hello(self, name: str) -> None:
-        """After the agent's hello: a node that is UP but not yet checked (added, back from DOWN or
-        bootstrap), or whose checks were cut short, is held and checked."""
-        with self.store.read() as s:
-            node = s.get(Node, name)
-            if node is None or name in self.runs:
-                return
-            status = (node.health_checks or {}).get("status", PENDING)
-            held = node.state == m.DRAINED and node.reason.startswith(GATE_REASON + "checking")
-            if status == PASSED or not (node.state == m.UP or held):
-                return
-        self.start(name, (node.health_checks or {}).get("trigger") or "node entering service")
+    def on_hello(self, node: Node | None) -> None:
+        """After the agent's hello recorded the node (`node` as committed, None if removed): a
+        node that is UP but not yet checked (added, back from DOWN or bootstrap), or whose
+        checks were cut short, is held and checked."""
+        if node is None or node.name in self.runs:
+            return
+        status = (node.health_checks or {}).get("status", PENDING)
+        held = node.state == m.DRAINED and node.reason.startswith(GATE_REASON + "checking")
+        if status == PASSED or not (node.state == m.UP or held):
+            return
+        self.start(node.name, (node.health_checks or {}).get("trigger") or "node entering service")
 
     # ------------------------------------------------------------------ runs
     def running(self, name: str) -> bool:

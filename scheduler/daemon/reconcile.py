@@ -37,11 +37,14 @@ class Reconciler:
         self.observe_latency = observe_latency  # (job, started_at) -> None
         self._batch: list[tuple] = []  # reports of this loop tick, committed together
 
-    def on_hello(self, name: str, msg: dict) -> None:
+    def on_hello(self, name: str, msg: dict) -> Node | None:
+        """Record what the agent says of its node (GPUs, CPUs, memory, its facts; UP if it was
+        DOWN), then ask it what runs. The node as committed, for the health gate; None for a
+        node removed meanwhile."""
         with self.store.tx() as s:
             node = s.get(Node, name)
             if node is None:
-                return
+                return None
             if msg.get("gpu_source") in GPU_SOURCES:
                 node.gpu_indices = [int(g["index"]) for g in msg.get("gpus", [])]
                 node.gpus_total = len(node.gpu_indices)
@@ -60,6 +63,7 @@ class Reconciler:
                                   {"state": m.UP, "gpu_source": msg.get("gpu_source")})
             s.add(node)
         asyncio.get_running_loop().create_task(self.resync(name))
+        return node
 
     async def resync(self, name: str) -> None:
         """Ask the agent what runs and what ended while nobody listened, and reconcile."""
@@ -72,6 +76,8 @@ class Reconciler:
 
     def reconcile(self, name: str, reports: list[dict]) -> None:
         reported = {r["key"]: r for r in reports if isinstance(r, dict) and "key" in r}
+        if self._as_recorded(name, reported):
+            return
         relaunch: list[Job] = []
         orphans: list[str] = []
         forget: list[str] = []
@@ -80,7 +86,6 @@ class Reconciler:
             for job in self.lifecycle.active_jobs_on(s, name):
                 key = job_key(job)
                 r = reported.pop(key, None)
-                gpus = next((a["gpus"] for a in job.allocation if a["node"] == name), [])
                 state = r["state"] if r else "unknown"
                 if state == "unknown":
                     if job.state == m.CONFIGURING:
@@ -88,7 +93,7 @@ class Reconciler:
                     else:
                         self.lifecycle.rank_ended(s, job, name, RankExit(None, lost=True))
                 elif state in ("running", "starting"):
-                    watch[key] = {"gpus": gpus, "job_id": job.id}
+                    watch[key] = _held(job, name)
                     if job.state == m.CONFIGURING and state == "running":
                         self.store.set_state(s, job, m.RUNNING)
                 elif state == "failed":  # the launch was refused on the node (no such account, ...)
@@ -111,6 +116,28 @@ class Reconciler:
         if watch:
             self.links.send(name, {"op": "watch", "jobs": watch})
         self.wake()
+
+    def _as_recorded(self, name: str, reported: dict[str, dict]) -> bool:
+        """The common case after a reconnect (a daemon's restart, a takeover): every active job
+        on the node runs as the database says, and nothing else runs there. Then nothing is
+        written, and the agent is told which GPUs each job holds (for its telemetry) after one
+        read instead of a write transaction (on PostgreSQL its epoch fence and commit, per node
+        reconnecting). Anything else, an ended job to forget included, takes the fenced write
+        path: a deposed leader must not make an agent drop an end the new leader has not read."""
+        watch: dict[str, dict] = {}
+        with self.store.read() as s:
+            for job in self.lifecycle.active_jobs_on(s, name):
+                key = job_key(job)
+                state = reported.get(key, {}).get("state")
+                if state not in ("running", "starting") or (job.state == m.CONFIGURING and state == "running"):
+                    return False
+                watch[key] = _held(job, name)
+        if len(watch) != len(reported):
+            return False  # an orphan to kill (and record), or an end to forget
+        if watch:
+            self.links.send(name, {"op": "watch", "jobs": watch})
+        self.wake()
+        return True
 
     # ------------------------------------------------------------ started / exited / launch_failed
     # Reports that arrive in the same loop tick are committed together: one transaction (and one
@@ -202,3 +229,8 @@ class Reconciler:
         if job is None or job.attempt != attempt or job.state not in m.ACTIVE_STATES:
             return
         self.lifecycle.fail_launch(s, job, name, reason)
+
+
+def _held(job: Job, node: str) -> dict:
+    """What the agent is told to watch of a running job: the GPUs it holds there, its id."""
+    return {"gpus": next((a["gpus"] for a in job.allocation if a["node"] == node), []), "job_id": job.id}

@@ -33,6 +33,14 @@ def test_kill_9_daemon_loses_and_duplicates_nothing(cluster):
     done_short = wait_job(c, short["id"], "FAILED")
     assert done_short["exit_code"] == 5
     assert c.job(long["id"])["state"] == "RUNNING"
+    # the new agent learns again which job holds which GPU: its telemetry names `long` on its 4
+    node = c.job(long["id"])["allocation"][0]["node"]
+
+    def holders():
+        gpus = next(n for n in c.nodes() if n["name"] == node)["telemetry"]["gpus"]
+        return sorted(str(g.get("job_id")) for g in gpus if g.get("job_id") is not None)
+
+    assert wait_for(lambda: holders() == [str(long["id"])] * 4 and holders(), 15, what="GPUs held by `long`")
     wait_job(c, long["id"], "COMPLETED", timeout=40)
     assert runs("long") == 1
     assert runs("short") == 1
