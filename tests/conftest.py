@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -510,16 +511,14 @@ def _pg_bindir() -> Path | None:
     return Path(found).parent if found else None
 
 
-@pytest.fixture(scope="session")
-def postgres_url(tmp_path_factory):
-    """A throwaway PostgreSQL server on a loopback port (Debian's postgresql package)."""
-    url = os.environ.get("TRAINYARD_TEST_POSTGRES")
-    if url and url != "1":
-        yield url
-        return
+@contextlib.contextmanager
+def pg_server():
+    """A throwaway PostgreSQL server on a loopback port (Debian's postgresql package), its URL;
+    stopped and removed on exit. None where the server binaries are not installed."""
     bindir = _pg_bindir()
-    require_or_skip(bindir is not None, "PostgreSQL server binaries (initdb) are not installed "
-                                        "(apt-get install postgresql)")
+    if bindir is None:
+        yield None
+        return
     import tempfile
 
     # not under pytest's 0700 tmp tree: the postgres user must be able to reach it
@@ -545,6 +544,19 @@ def postgres_url(tmp_path_factory):
         proc.terminate()
         proc.wait(20)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory):
+    """A throwaway PostgreSQL server, or the one TRAINYARD_TEST_POSTGRES names."""
+    url = os.environ.get("TRAINYARD_TEST_POSTGRES")
+    if url and url != "1":
+        yield url
+        return
+    with pg_server() as url:
+        require_or_skip(url is not None, "PostgreSQL server binaries (initdb) are not installed "
+                                         "(apt-get install postgresql)")
+        yield url
 
 
 def fresh_pg_db(url: str, name: str) -> str:

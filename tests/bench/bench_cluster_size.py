@@ -50,8 +50,9 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def fill(home: Path, fleet: Path) -> None:
-    """Register the fleet's nodes (host keys pinned) with the daemon's code; print an admin token."""
+def fill(home: Path, fleet: Path, db: str = "") -> None:
+    """Register the fleet's nodes (host keys pinned) with the daemon's code; print an admin token.
+    On PostgreSQL (`db`) it writes as a leader would, before any daemon campaigns."""
     import asyncssh
 
     from scheduler.config import DaemonConfig
@@ -59,8 +60,11 @@ def fill(home: Path, fleet: Path) -> None:
     from scheduler.models import Node
     from scheduler.nodes import pin_host_key
 
-    d = Daemon(DaemonConfig(db=str(home / "trainyard.db")), home)
+    d = Daemon(DaemonConfig(db=db or str(home / "trainyard.db")), home)
     d.prepare()
+    if d.leadership.postgres:
+        d.leadership._take_office()
+        d.leadership.role = "leader"
     key = asyncssh.import_public_key((fleet / "host_key.pub").read_bytes())
     ports = [line.split() for line in (fleet / "ports").read_text().splitlines()]
     with d.store.tx() as s:
@@ -183,64 +187,96 @@ async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
             "pending": cluster["jobs_by_state"].get("PENDING", 0)}
 
 
-def run_size(nodes: int) -> dict:
-    base = Path(tempfile.mkdtemp(prefix="trainyard-bench-size-"))
-    home = base / "state"
-    env = {**os.environ, "HOME": str(base), "TRAINYARD_HOME": str(home), "XDG_CONFIG_HOME": str(base / "config"),
-           "PYTHONUNBUFFERED": "1"}
-    env.pop("TRAINYARD_URL", None)
-    env.pop("TRAINYARD_TOKEN", None)
-    import asyncssh
+class Fleet:
+    """A temporary state directory with the daemon's SSH key, a fleet process of NODES simulated
+    nodes that trust it, and those nodes registered (fill): what a benchmark's daemons start on."""
 
-    key = asyncssh.generate_private_key("ssh-ed25519", comment="trainyard-daemon")
-    (home / "ssh").mkdir(parents=True, mode=0o700)
-    (home / "ssh" / "id_ed25519").write_bytes(key.export_private_key())
-    (home / "ssh" / "id_ed25519").chmod(0o600)
-    (home / "ssh" / "id_ed25519.pub").write_bytes(key.export_public_key())
-    fleet_dir = base / "fleet"
-    fleet = subprocess.Popen([sys.executable, "-m", "scheduler.simnode", str(nodes), str(GPUS), str(fleet_dir),
-                              str(home / "ssh" / "id_ed25519.pub")], cwd=ROOT, env=env,
-                             stdout=subprocess.PIPE, text=True)
-    daemon = None
-    try:
-        lines = []
-        while (line := fleet.stdout.readline().strip()) != "ready":
-            if not line:
-                raise SystemExit("the fleet process ended before it was ready")
-            lines.append(line)
-        (fleet_dir / "ports").write_text("\n".join(lines) + "\n")
-        token = subprocess.run([sys.executable, __file__, "--fill", str(home), str(fleet_dir)], env=env, cwd=ROOT,
-                               check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        config = base / "trainyard.toml"
+    def __init__(self, nodes: int, db: str = "", prefix: str = "trainyard-bench-size-"):
+        import asyncssh
+
+        self.base = base = Path(tempfile.mkdtemp(prefix=prefix))
+        self.home = home = base / "state"
+        self.env = env = {**os.environ, "HOME": str(base), "TRAINYARD_HOME": str(home),
+                          "XDG_CONFIG_HOME": str(base / "config"), "PYTHONUNBUFFERED": "1"}
+        env.pop("TRAINYARD_URL", None)
+        env.pop("TRAINYARD_TOKEN", None)
+        key = asyncssh.generate_private_key("ssh-ed25519", comment="trainyard-daemon")
+        (home / "ssh").mkdir(parents=True, mode=0o700)
+        (home / "ssh" / "id_ed25519").write_bytes(key.export_private_key())
+        (home / "ssh" / "id_ed25519").chmod(0o600)
+        (home / "ssh" / "id_ed25519.pub").write_bytes(key.export_public_key())
+        fleet_dir = base / "fleet"
+        self.proc = subprocess.Popen([sys.executable, "-m", "scheduler.simnode", str(nodes), str(GPUS),
+                                      str(fleet_dir), str(home / "ssh" / "id_ed25519.pub")], cwd=ROOT, env=env,
+                                     stdout=subprocess.PIPE, text=True)
+        try:
+            lines = []
+            while (line := self.proc.stdout.readline().strip()) != "ready":
+                if not line:
+                    raise SystemExit("the fleet process ended before it was ready")
+                lines.append(line)
+            (fleet_dir / "ports").write_text("\n".join(lines) + "\n")
+            self.token = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--fill", str(home),
+                                         str(fleet_dir), db], env=env, cwd=ROOT, check=True, capture_output=True,
+                                        text=True).stdout.strip().splitlines()[-1]
+        except BaseException:
+            self.stop()
+            raise
+
+    def config(self, extra: str = "") -> Path:
+        config = self.base / "trainyard.toml"
         # a thousand SSH handshakes at once take longer than the default 10 s on two cores
-        config.write_text("[daemon]\ntelemetry_interval_s = 2\nconnect_timeout_s = 120\n"
-                          + (f"[health]\nhistory_samples = {HEALTH_HISTORY}\n" if HEALTH_HISTORY else ""))
+        config.write_text("[daemon]\ntelemetry_interval_s = 2\nconnect_timeout_s = 120\n" + extra)
+        return config
+
+    def daemon(self, config: Path, db: str = "", log: str = "daemon.log") -> tuple[subprocess.Popen, str]:
+        """`trainyard daemon` on this state directory, listening once this returns; its URL."""
         port = free_port()
         daemon = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "daemon", "--listen",
-                                   f"127.0.0.1:{port}", "--config", str(config)], env=env, cwd=ROOT,
-                                  stdout=subprocess.DEVNULL, stderr=open(base / "daemon.log", "wb"))
-        url = f"http://127.0.0.1:{port}"
+                                   f"127.0.0.1:{port}", "--config", str(config), *(["--db", db] if db else [])],
+                                  env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                  stderr=open(self.base / log, "wb"))
         for _ in range(300):
             try:
                 socket.create_connection(("127.0.0.1", port), 0.2).close()
                 break
             except OSError:
+                if daemon.poll() is not None:
+                    raise SystemExit(f"the daemon exited {daemon.returncode}: see {self.base / log}") from None
                 time.sleep(0.2)
+        return daemon, f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
+def stop(p: subprocess.Popen | None) -> None:
+    """End a daemon (SIGINT, as Ctrl-C) or the fleet (SIGTERM); kill what does not end in 60 s."""
+    if p is not None and p.poll() is None:
+        p.send_signal(signal.SIGINT if "daemon" in p.args else signal.SIGTERM)
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def run_size(nodes: int) -> dict:
+    fleet = Fleet(nodes)
+    token = fleet.token
+    daemon = None
+    try:
+        config = fleet.config(f"[health]\nhistory_samples = {HEALTH_HISTORY}\n" if HEALTH_HISTORY else "")
+        daemon, url = fleet.daemon(config)
         return asyncio.run(measure(url, token, daemon.pid, nodes))
     finally:
-        for p in (daemon, fleet):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM if p is fleet else signal.SIGINT)
-                try:
-                    p.wait(60)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop(daemon)
+        fleet.stop()
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--fill"]:
         sys.path.insert(0, str(ROOT))
-        fill(Path(sys.argv[2]), Path(sys.argv[3]))
+        fill(Path(sys.argv[2]), Path(sys.argv[3]), *sys.argv[4:5])
         return
     global HEALTH_HISTORY, STEADY_S
     import argparse
