@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ def demo(nodes: int = 4, gpus: int = 8):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
+        shutil.rmtree(base, ignore_errors=True)  # a demo's state: 10,000 jobs' logs after some runs
 
 
 def cpu_s(pid: int) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -246,8 +247,14 @@ class Fleet:
                 time.sleep(0.2)
         return daemon, f"http://127.0.0.1:{port}"
 
-    def stop(self) -> None:
+    def stop(self, remove: bool = True) -> None:
+        """End the fleet; remove the state directory unless `remove` is false (a failed run's
+        daemon logs are kept there, and the path printed)."""
         stop(self.proc)
+        if remove:
+            shutil.rmtree(self.base, ignore_errors=True)
+        else:
+            print(f"  kept for a look: {self.base}", file=sys.stderr)
 
 
 def stop(p: subprocess.Popen | None) -> None:
@@ -264,13 +271,16 @@ def run_size(nodes: int) -> dict:
     fleet = Fleet(nodes)
     token = fleet.token
     daemon = None
+    ok = False
     try:
         config = fleet.config(f"[health]\nhistory_samples = {HEALTH_HISTORY}\n" if HEALTH_HISTORY else "")
         daemon, url = fleet.daemon(config)
-        return asyncio.run(measure(url, token, daemon.pid, nodes))
+        result = asyncio.run(measure(url, token, daemon.pid, nodes))
+        ok = True
+        return result
     finally:
         stop(daemon)
-        fleet.stop()
+        fleet.stop(remove=ok)
 
 
 def main() -> None:

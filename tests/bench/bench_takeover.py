@@ -90,16 +90,19 @@ def run_size(nodes: int, pg: str) -> dict:
     db = fresh_pg_db(pg, f"ty_bench_takeover_{nodes}")
     fleet = Fleet(nodes, db=db, prefix="trainyard-bench-takeover-")
     leader = standby = None
+    ok = False
     try:
         config = fleet.config()
         started = time.monotonic()
         leader, url_a = fleet.daemon(config, db, "leader.log")
         standby, url_b = fleet.daemon(config, db, "standby.log")
-        return asyncio.run(takeover(nodes, fleet, leader, standby, url_a, url_b, started))
+        result = asyncio.run(takeover(nodes, fleet, leader, standby, url_a, url_b, started))
+        ok = result["intact"]
+        return result
     finally:
         stop(standby)
         stop(leader)
-        fleet.stop()
+        fleet.stop(remove=ok)
 
 
 def main() -> None:
