@@ -133,9 +133,10 @@ def cli():
 
 
 # ------------------------------------------------------------------------------ daemon, demo
-def daemon_status() -> None:
+def daemon_status(as_json: bool = False) -> None:
     """One line per configured daemon: its URL and role (leader, with how many of its nodes are
-    connected; or standby, and why)."""
+    connected; or standby, and why). With `as_json`, a list of each daemon's `/healthz` (and
+    `problems`, `url`; `error` for one that did not answer)."""
     import httpx
 
     from .client import NotConfigured, load_settings, split_urls
@@ -145,30 +146,39 @@ def daemon_status() -> None:
     except NotConfigured as e:
         fail(str(e), USAGE)
     leaders = 0
+    seen = []
     for one in split_urls(url):
         try:
             h = httpx.get(one.rstrip("/") + "/healthz", timeout=5).json()
         except (httpx.HTTPError, ValueError) as e:
-            click.echo(f"{one}  unreachable ({type(e).__name__})")
+            seen.append({"url": one, "role": None, "error": f"unreachable ({type(e).__name__})"})
+            if not as_json:
+                click.echo(f"{one}  unreachable ({type(e).__name__})")
             continue
         role = h.get("role", "leader")
         leaders += role == "leader"
+        problems = []
+        if role == "leader" and _token:  # what the daemon itself cannot do now (e.g. store logs)
+            try:
+                r = httpx.get(one.rstrip("/") + "/v1/cluster", timeout=5,
+                              headers={"Authorization": f"Bearer {_token}"})
+                problems = list(r.json().get("problems") or ()) if r.status_code == 200 else []
+            except (httpx.HTTPError, ValueError):
+                pass
+        seen.append({**h, "url": one, "role": role, "problems": problems})
+        if as_json:
+            continue
         if role != "leader":
             why = f" ({h['reason']}; leader: {h.get('leader') or 'none yet'})"
         else:
             why = f" ({h['nodes_connected']} of {h['nodes']} nodes connected)" if "nodes" in h else ""
         click.echo(f"{one}  {role}{why}")
-        if role == "leader" and _token:  # what the daemon itself cannot do now (e.g. store logs)
-            try:
-                r = httpx.get(one.rstrip("/") + "/v1/cluster", timeout=5,
-                              headers={"Authorization": f"Bearer {_token}"})
-                for problem in r.json().get("problems") or () if r.status_code == 200 else ():
-                    click.echo(f"  problem: {problem}")
-            except (httpx.HTTPError, ValueError):
-                pass
+        for problem in problems:
+            click.echo(f"  problem: {problem}")
+    if as_json:
+        print_json(seen)
     if not leaders:
         fail("no configured daemon leads now", UNREACHABLE)
-
 
 
 @cli.command()
@@ -178,7 +188,8 @@ def daemon_status() -> None:
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
 @click.option("--status", is_flag=True,
               help="Say which of the configured daemons (TRAINYARD_URL, comma-separated) leads, and exit.")
-def daemon(config_path, listen, db, verbose, status):
+@click.option("--json", "as_json", is_flag=True, help="With --status: print JSON for scripts.")
+def daemon(config_path, listen, db, verbose, status, as_json):
     """Run the scheduler daemon: API, scheduling loop and node sessions.
 
     With PostgreSQL, start it on two hosts (or twice, on other ports): one leads, the others
@@ -188,8 +199,10 @@ def daemon(config_path, listen, db, verbose, status):
     import signal
 
     if status:
-        daemon_status()
+        daemon_status(as_json)
         return
+    if as_json:
+        fail("--json goes with --status", USAGE)
 
     from .config import home
     from .daemon_config import DaemonConfig

@@ -3,6 +3,7 @@ and SQLite's one-daemon rule."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -145,3 +146,21 @@ def test_daemon_status_says_who_leads(pair):
     assert r.returncode == 0, r.stderr
     assert f"{leader.url}  leader (0 of 0 nodes connected)" in r.stdout
     assert f"{standby.url}  standby" in r.stdout
+    # for scripts: each daemon's word, one that does not answer included
+    gone = "http://127.0.0.1:1"
+    env["TRAINYARD_URL"] = f"{standby.url},{gone},{leader.url}"
+    r = subprocess.run([".venv/bin/python", "-m", "scheduler.cli", "daemon", "--status", "--json"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    by_url = {d["url"]: d for d in json.loads(r.stdout)}
+    assert [by_url[u]["role"] for u in (standby.url, gone, leader.url)] == ["standby", None, "leader"]
+    assert by_url[standby.url]["leader"] == by_url[leader.url]["leader"] == leader.url
+    assert (by_url[leader.url]["nodes"], by_url[leader.url]["nodes_connected"], by_url[leader.url]["problems"]) \
+        == (0, 0, [])
+    assert by_url[gone]["error"].startswith("unreachable")
+    # no leader among those given: the JSON still says what each is, and the exit status says so
+    env["TRAINYARD_URL"] = f"{standby.url},{gone}"
+    r = subprocess.run([".venv/bin/python", "-m", "scheduler.cli", "daemon", "--status", "--json"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 3 and "no configured daemon leads now" in r.stderr
+    assert [d["role"] for d in json.loads(r.stdout)] == ["standby", None]
