@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import getpass
 import logging
+import zlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -49,9 +50,27 @@ from .state import StateStore
 from .steps import EVENTS as STEP_EVENTS
 from .steps import StepRelay
 from .tokens import Tokens
-from .views import json_bytes, node_json
+from .views import deflate_piece, gzip_bytes, gzip_joined, json_bytes, node_json
 
 log = logging.getLogger("trainyard.daemon")
+
+
+class _NodePart:
+    """One node's part of GET /v1/nodes: what it was rendered from, its JSON, and (once a
+    compressed listing asked for it) that JSON after a comma as a deflate piece."""
+
+    __slots__ = ("inputs", "json", "_deflated")
+
+    def __init__(self, inputs: tuple, json: bytes):
+        self.inputs, self.json, self._deflated = inputs, json, None
+
+    def deflated(self) -> bytes:
+        if self._deflated is None:
+            self._deflated = deflate_piece(b"," + self.json)
+        return self._deflated
+
+
+_OPEN, _CLOSE = deflate_piece(b"["), deflate_piece(b"]")
 
 
 def _same_inputs(was: tuple, now: tuple) -> bool:
@@ -149,7 +168,7 @@ class Daemon:
         self.store.keeps_counts = lambda: self.leadership.leading
         self._tasks: list[asyncio.Task] = []
         self._office: list[asyncio.Task] = []  # what only the leader runs
-        self._node_parts: dict[str, tuple[tuple, bytes]] = {}  # node -> (inputs, JSON): nodes_listing
+        self._node_parts: dict[str, _NodePart] = {}  # node -> its rendered part: nodes_listing
         self._node_rows_seen: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
         self._running = False
 
@@ -381,15 +400,19 @@ class Daemon:
                     self.inventory.mark_down(s, node, since, now)
 
     # ---------------------------------------------------------------- node views
-    def nodes_listing(self) -> bytes:
+    def nodes_listing(self, compressed: bool = False) -> bytes:
         """GET /v1/nodes as JSON, never stale. On the leader each node's part is kept, rendered,
         with what it was made from (its row, its link's state, its last telemetry sample, the
         GPUs jobs hold on it, its excluded GPUs) and made again only when one of those changed:
-        at 1,000 nodes sending telemetry every 2 s (a ~3 MB listing) a request costs what the
-        nodes that changed since the last one cost. A standby renders every node each time."""
+        at 1,000 nodes sending telemetry every 2 s (a ~6 MB listing) a request costs what the
+        nodes that changed since the last one cost. `compressed`: the same JSON as one gzip
+        member, each node's part compressed once per change too (when first asked for; about a
+        seventh of its size), so a compressed listing also costs what changed. A standby renders
+        (and compresses) every node each time."""
         if not self.leadership.leading:
             self._node_parts = {}
-            return json_bytes(self.node_views())
+            body = json_bytes(self.node_views())
+            return gzip_bytes(body) if compressed else body
         with self.store.read() as s:
             used = self.overview.usage(s)
             rows = self._node_rows(s)
@@ -400,11 +423,23 @@ class Daemon:
             inputs = (n, telemetry.get(name), links.connected(name), links.problem(name),
                       used.get(name, 0), self.health.excluded_gpus(name))
             was = kept.get(name)
-            if was is None or not _same_inputs(was[0], inputs):
-                was = (inputs, json_bytes(self._node_view(n, used)))
+            if was is None or not _same_inputs(was.inputs, inputs):
+                was = _NodePart(inputs, json_bytes(self._node_view(n, used)))
             parts[name] = was
         self._node_parts = parts
-        return b"[" + b",".join(part for _, part in parts.values()) + b"]"
+        if not compressed:
+            return b"[" + b",".join(part.json for part in parts.values()) + b"]"
+        # the first node's part goes without the comma the others' compressed parts begin with
+        crc, size, pieces = zlib.crc32(b"["), 1, [_OPEN]
+        for i, part in enumerate(parts.values()):
+            if i == 0:
+                pieces.append(deflate_piece(part.json))
+            else:
+                pieces.append(part.deflated())
+                crc, size = zlib.crc32(b",", crc), size + 1
+            crc, size = zlib.crc32(part.json, crc), size + len(part.json)
+        pieces.append(_CLOSE)
+        return gzip_joined(pieces, zlib.crc32(b"]", crc), size + 1)
 
     def _node_rows(self, s: Session) -> list[SimpleNamespace]:
         """Every node's row, decoded once per change of the node table on the leader (whose

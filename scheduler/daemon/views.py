@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -17,6 +20,61 @@ def json_bytes(content: Any) -> bytes:
         return orjson.dumps(content)
     except orjson.JSONEncodeError:
         return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
+
+
+# A gzip member put together from pieces compressed apart (GET /v1/nodes compresses each node's
+# part once per change of it). Each piece is raw deflate ending on a byte boundary (a sync flush)
+# and refers to nothing before it, so pieces one after another are one valid deflate stream;
+# the member then needs only its header, a final empty block, and the CRC and length of the
+# whole (RFC 1952). Compressed by ISA-L where it is installed: a node's part of 8 GPUs (~7 KB)
+# at its fastest level in ~12 us against ~45 us at zlib's (about 4x smaller against 5x); a
+# small piece at its level 1 (its fastest expands small inputs). Else by zlib: both write
+# standard deflate.
+try:
+    from isal import isal_zlib as _deflate
+    _FAST, _SMALL, _SMALL_BELOW = 0, 1, 2048
+except ImportError:  # pragma: no cover - isal is a dependency; a platform without its wheel
+    _deflate, _FAST, _SMALL, _SMALL_BELOW = zlib, 1, 1, 0
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, no time: same listing, same bytes
+_DEFLATE_END = zlib.compressobj(1, zlib.DEFLATED, -zlib.MAX_WBITS).flush()  # an empty final block
+
+
+def deflate_piece(data: bytes) -> bytes:
+    """`data` as raw deflate that can be put before or after other such pieces (see above)."""
+    c = _deflate.compressobj(_SMALL if len(data) < _SMALL_BELOW else _FAST, _deflate.DEFLATED, -15)
+    return c.compress(data) + c.flush(_deflate.Z_SYNC_FLUSH)
+
+
+def gzip_joined(pieces: Iterable[bytes], crc32: int, size: int) -> bytes:
+    """One gzip member of deflate pieces whose uncompressed bytes, in order, have this CRC-32
+    and length."""
+    return b"".join((_GZIP_HEADER, *pieces, _DEFLATE_END, struct.pack("<II", crc32, size & 0xFFFFFFFF)))
+
+
+def gzip_bytes(data: bytes) -> bytes:
+    """`data` as one gzip member, compressed as a whole."""
+    return gzip_joined([deflate_piece(data)], zlib.crc32(data), len(data))
+
+
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    """Whether an Accept-Encoding header admits gzip: named (or as x-gzip), else by `*`, with a
+    q-value above 0 (RFC 9110, 12.5.3). A value that cannot be read admits nothing."""
+    q: dict[str, float] = {}
+    for item in (accept_encoding or "").split(","):
+        name, _, params = item.partition(";")
+        weight = 1.0
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key.lower() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0
+        q[name.strip().lower()] = weight
+    for name in ("gzip", "x-gzip", "*"):
+        if name in q:
+            return q[name] > 0
+    return False
 
 
 def job_json(j, viewer: Caller | None = None) -> dict[str, Any]:

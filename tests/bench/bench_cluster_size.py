@@ -4,9 +4,10 @@ agent protocol is answered in-process), each sending telemetry every 2 s, with 5
 pending jobs per node (5,000 and 10,000 at 1,000 nodes; the running ones fill every GPU, so the
 pending ones wait for resources and every scheduling cycle plans all of them). Prints the daemon's
 CPU and RSS at steady state, the scheduling cycle, and GET /v1/jobs (one page) and GET /v1/nodes
-latency (request written to the response's last byte read) while all of that runs. Run:
+latency (request written to the response's last byte read) while all of that runs; GET /v1/nodes
+both as a plain client gets it and gzip-compressed, as the CLI and TUI (httpx) ask for it. Run:
     .venv/bin/python tests/bench/bench_cluster_size.py [--health-history N] [--steady SECONDS] [NODES ...]
-(default: 100 1000, 30 s of steady state)
+(default: 100 1000, 60 s of steady state)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from _harness import ROOT, machine, percentile
 from _http import Connection
 
 GPUS = 8
-STEADY_S = 30  # seconds of steady state measured
+STEADY_S = 60  # seconds of steady state measured (each node listing every other 0.5 s)
 PAGE = 100  # jobs in one page of GET /v1/jobs
 # --health-history N: [health] history_samples (default 300): the window the GPU health rules
 # look back over (kept up to date per sample, so its length costs memory, not CPU per sample)
@@ -162,13 +163,20 @@ async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
     sum0, n0 = cycle_stats(text0)
     gc0 = gc_stats(text0)
     cpu0, t0 = cpu_s(pid), time.monotonic()
-    lat: dict[str, list[float]] = {"jobs": [], "nodes": []}
+    lat: dict[str, list[float]] = {"jobs": [], "nodes": [], "nodes_gz": []}
+    size: dict[str, int] = {}
+    gz = {"Accept-Encoding": "gzip"}
+    turn = 0
     while time.monotonic() - t0 < STEADY_S:
-        for kind, path in (("jobs", f"/v1/jobs?limit={PAGE}"), ("nodes", "/v1/nodes")):
+        # the two node listings take turns, each 0.5 s after the last listing (what changed since)
+        turn += 1
+        listing = ("nodes", "/v1/nodes", None) if turn % 2 else ("nodes_gz", "/v1/nodes", gz)
+        for kind, path, headers in (("jobs", f"/v1/jobs?limit={PAGE}", None), listing):
             t = time.perf_counter()
-            status, _ = await c.request("GET", path, decode=False)  # to the last byte
+            status, body = await c.request("GET", path, decode=False, headers=headers)  # to the last byte
             lat[kind].append(time.perf_counter() - t)
             assert status == 200, (path, status)
+            size[kind] = len(body)
         await asyncio.sleep(0.5)
     wall = time.monotonic() - t0
     cpu = cpu_s(pid) - cpu0
@@ -184,6 +192,9 @@ async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
             "jobs_p99_ms": percentile(lat["jobs"], 99) * 1000, "jobs_p50_ms": percentile(lat["jobs"], 50) * 1000,
             "nodes_p99_ms": percentile(lat["nodes"], 99) * 1000,
             "nodes_p50_ms": percentile(lat["nodes"], 50) * 1000,
+            "nodes_gz_p99_ms": percentile(lat["nodes_gz"], 99) * 1000,
+            "nodes_gz_p50_ms": percentile(lat["nodes_gz"], 50) * 1000,
+            "nodes_kb": size["nodes"] / 1024, "nodes_gz_kb": size["nodes_gz"] / 1024,
             "running": cluster["jobs_by_state"].get("RUNNING", 0),
             "pending": cluster["jobs_by_state"].get("PENDING", 0)}
 
@@ -311,7 +322,9 @@ def main() -> None:
         print(f"  steady state ({STEADY_S} s): daemon CPU {r['cpu_pct']:.0f} % of one core, RSS {r['rss_mb']:.0f} MB; "
               f"{r['cycles']} scheduling cycles, mean {r['cycle_ms']:.0f} ms; GET /v1/jobs?limit={PAGE} "
               f"p50 {r['jobs_p50_ms']:.1f} p99 {r['jobs_p99_ms']:.1f} ms; GET /v1/nodes p50 {r['nodes_p50_ms']:.1f} "
-              f"p99 {r['nodes_p99_ms']:.1f} ms ({r['running']:,} running, {r['pending']:,} pending); "
+              f"p99 {r['nodes_p99_ms']:.1f} ms ({r['nodes_kb']:,.0f} KB), gzip-compressed as the CLI and TUI ask "
+              f"p50 {r['nodes_gz_p50_ms']:.1f} p99 {r['nodes_gz_p99_ms']:.1f} ms ({r['nodes_gz_kb']:,.0f} KB) "
+              f"({r['running']:,} running, {r['pending']:,} pending); "
               + "garbage collector pauses: " + ", ".join(
                   f"generation {g} {r['gc'][f'n{g}']:.0f} (mean {r['gc'][f's{g}'] / max(1, r['gc'][f'n{g}']) * 1000:.1f} ms, "
                   f"{r['gc'][f'long{g}']:.0f} over 25 ms)" for g in "012"))
@@ -321,7 +334,7 @@ def main() -> None:
         print("linear projection to 5,000 nodes (from the two largest runs' slope): "
               + ", ".join(f"{name} {b[f] + (b[f] - a[f]) * k:.0f}{unit}" for name, f, unit in (
                   ("CPU", "cpu_pct", " %"), ("RSS", "rss_mb", " MB"), ("cycle", "cycle_ms", " ms"),
-                  ("GET /v1/nodes p99", "nodes_p99_ms", " ms"))))
+                  ("GET /v1/nodes p99", "nodes_p99_ms", " ms"), ("compressed", "nodes_gz_p99_ms", " ms"))))
 
 
 if __name__ == "__main__":
