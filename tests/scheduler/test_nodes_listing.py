@@ -162,6 +162,24 @@ def test_a_client_that_asks_for_gzip_gets_the_listing_compressed(demo_cluster):
     assert [n["name"] for n in listed] == names
 
 
+def test_a_long_job_listing_is_compressed_and_a_short_one_is_not(demo_cluster):
+    auth = {"Authorization": f"Bearer {demo_cluster.token}"}
+    with httpx.Client(base_url=demo_cluster.url, headers=auth) as c:
+        ids = [c.post("/v1/jobs", json={"command": ["sleep", "1"], "gpus": 1, "hold": True,
+                                        "name": f"held-{i}"}).json()["id"] for i in range(60)]
+        try:
+            plain = c.get("/v1/jobs", params={"state": "PENDING"}, headers={"Accept-Encoding": "identity"})
+            packed = c.get("/v1/jobs", params={"state": "PENDING"}, headers={"Accept-Encoding": "gzip"})
+            short = c.get("/v1/jobs", params={"ids": str(ids[0])}, headers={"Accept-Encoding": "gzip"})
+        finally:
+            assert c.post("/v1/jobs/actions/cancel", json={"ids": ids}).json()["done"] == ids
+    assert len(plain.content) >= 16 * 1024  # long enough to be compressed
+    assert "content-encoding" not in plain.headers and packed.headers["content-encoding"] == "gzip"
+    assert packed.json() == plain.json() and {j["id"] for j in plain.json()} >= set(ids)
+    assert packed.num_bytes_downloaded * 4 < plain.num_bytes_downloaded
+    assert "content-encoding" not in short.headers and [j["name"] for j in short.json()] == ["held-0"]
+
+
 def test_a_drain_shows_on_the_very_next_listing(daemon):
     d, up = daemon
     up.update(f"n{i}" for i in range(NODES))

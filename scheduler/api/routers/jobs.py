@@ -22,7 +22,7 @@ from ..schemas import (
     LogChunk,
     storable,
 )
-from .common import Json
+from .common import AcceptEncoding, Json, listing
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="the job's id")]
@@ -52,9 +52,10 @@ async def list_jobs(d: DaemonDep, who: Who, all: bool = False,
                     state: Annotated[list[Annotated[str, Query(pattern=STATES_RE)]] | None, Query()] = None,
                     user: Name = None, queue: Name = None,
                     limit: Annotated[int, Query(ge=1, le=100000)] = 5000,
-                    ids: JobIds = None):
+                    ids: JobIds = None, accept_encoding: AcceptEncoding = None):
     """Jobs waiting or running (`all` for finished ones too, newest first); filter by state, user,
-    queue or ids. At most `limit`: a page as long as the limit may have more after it."""
+    queue or ids. At most `limit`: a page as long as the limit may have more after it. A long
+    page is gzip-compressed for a client that asks for it (Accept-Encoding)."""
     states: set[str] = set()
     for part in state or ():
         states.update(x.strip().upper() for x in part.split(",") if x.strip())
@@ -66,8 +67,8 @@ async def list_jobs(d: DaemonDep, who: Who, all: bool = False,
             storable(value, name)
         except ValueError as e:
             raise Invalid(str(e), name) from None
-    return Json(d.jobs.list(who, JobFilter(all=all, states=frozenset(states), user=user, queue=queue,
-                                           limit=limit, ids=job_ids(ids))))
+    return listing(d.jobs.list(who, JobFilter(all=all, states=frozenset(states), user=user, queue=queue,
+                                              limit=limit, ids=job_ids(ids))), accept_encoding)
 
 
 @router.post("", status_code=201, response_model=JobRead, responses=responses(403, 404, 409))

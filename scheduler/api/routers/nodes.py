@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Path, Response
+from fastapi import APIRouter, Body, Depends, Path, Response
 from pydantic import ValidationError
 
 from ...daemon import Caller, DomainError, NodeRequest
@@ -21,7 +21,7 @@ from ..schemas import (
     NodeRead,
     Removed,
 )
-from .common import Json
+from .common import AcceptEncoding, Json
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 NodeName = Annotated[str, Path(pattern=NAME_RE, description="the node's name")]
@@ -39,8 +39,7 @@ def _request(body: NodeAdd) -> NodeRequest:
 
 
 @router.get("", response_model=list[NodeRead], responses=responses())
-async def list_nodes(d: DaemonDep, who: Anyone,
-                     accept_encoding: Annotated[str | None, Header(include_in_schema=False)] = None):
+async def list_nodes(d: DaemonDep, who: Anyone, accept_encoding: AcceptEncoding = None):
     """Every node with its GPUs and their latest telemetry (about 6 KB a node of 8 GPUs). Sent
     gzip-compressed to a client whose Accept-Encoding admits gzip (curl --compressed, httpx and
     the trainyard CLI and TUI do): about 20-40x smaller."""
