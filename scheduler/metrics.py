@@ -49,6 +49,10 @@ class ClusterReadModel(Protocol):
     def nodes(self) -> Iterable[NodeInfo]:
         """Every registered node."""
 
+    def node(self, name: str) -> NodeInfo | None:
+        """One registered node; None when there is no such node. A scrape of one node's GPUs
+        reads this, never every node: Prometheus scrapes every node's target each interval."""
+
     def gpu_usage(self) -> Mapping[str, int]:
         """Node -> GPUs allocated to configuring or running jobs."""
 
@@ -57,6 +61,10 @@ class ClusterReadModel(Protocol):
 
     def gpu_jobs(self) -> Mapping[tuple[str, int], object]:
         """(node, GPU index) -> the id of the active job allocated that GPU."""
+
+    def gpu_jobs_on(self, name: str) -> Mapping[int, object]:
+        """GPU index -> the id of the active job allocated that GPU, on one node: what that
+        node's jobs hold, not a read of every active job."""
 
     def team_gpu_seconds(self) -> Mapping[str, float]:
         """Team (account) -> GPU-seconds allocated to its jobs so far, running jobs up to now."""
@@ -170,11 +178,11 @@ class Metrics:
 
     def render_node(self, name: str) -> bytes | None:
         """One node's GPUs in dcgm-exporter's exposition; None when no such node is registered."""
-        node = next((n for n in self.cluster.nodes() if n.name == name), None)
+        node = self.cluster.node(name)
         if node is None:
             return None
         sample = self.cluster.telemetry().get(name) or {}
-        jobs = {gpu: job for (n, gpu), job in self.cluster.gpu_jobs().items() if n == name}
+        jobs = dict(self.cluster.gpu_jobs_on(name))
         return render(gpu_families(node.hostname or node.name, node.driver_version,
                                    sample.get("gpus") or [], jobs))
 

@@ -25,6 +25,7 @@ class MetricsReadModel:
         self.team_of = team_of
         self.finished_team_gpu_s: dict[str, float] = {}
         self.live_usage = lambda: None  # the leader's in-memory GPUs by node (Overview.usage)
+        self.jobs_on = lambda node: None  # the leader's in-memory ids of the active jobs on a node
 
     def job_counts(self) -> Iterable[tuple[str, str, int]]:
         with self.store.read() as s:
@@ -35,11 +36,20 @@ class MetricsReadModel:
             return list(s.exec(select(Queue.name)).all())
 
     def nodes(self) -> Iterable[NodeInfo]:
+        return self._node_infos()
+
+    def node(self, name: str) -> NodeInfo | None:
+        found = self._node_infos(name)
+        return found[0] if found else None
+
+    def _node_infos(self, name: str | None = None) -> list[NodeInfo]:
         info = _N.agent_info
+        query = sa_select(_N.name, _N.state, _N.gpus_total, info[("host",)].as_string().label("host"),
+                          info[("driver_version",)].as_string().label("driver"))
+        if name is not None:
+            query = query.where(_N.name == name)
         with self.store.read() as s:  # two keys of agent_info, extracted by the database
-            rows = s.connection().execute(sa_select(
-                _N.name, _N.state, _N.gpus_total, info[("host",)].as_string().label("host"),
-                info[("driver_version",)].as_string().label("driver"))).all()
+            rows = s.connection().execute(query).all()
         return [NodeInfo(n.name, n.state, n.gpus_total, n.host or "", n.driver or "") for n in rows]
 
     def gpu_usage(self) -> Mapping[str, int]:
@@ -53,9 +63,23 @@ class MetricsReadModel:
         return self.links.telemetry
 
     def gpu_jobs(self) -> Mapping[tuple[str, int], object]:
+        return self._gpu_jobs(None)
+
+    def gpu_jobs_on(self, name: str) -> Mapping[int, object]:
+        """On the leader, the jobs its in-memory index puts on the node (O(jobs on it)); a
+        standby, which keeps no index, reads every active job."""
+        return {gpu: jid for (node, gpu), jid in self._gpu_jobs(name).items() if node == name}
+
+    def _gpu_jobs(self, name: str | None) -> dict[tuple[str, int], object]:
+        where = _T.state.in_(m.ACTIVE_STATES)
+        ids = self.jobs_on(name) if name is not None else None
+        if ids is not None:
+            if not ids:
+                return {}
+            where = where & _T.id.in_(sorted(ids))
         out: dict[tuple[str, int], object] = {}
         with self.store.read() as s:
-            for jid, alloc in view_rows(s, (_T.id, _T.allocation), _T.state.in_(m.ACTIVE_STATES)):
+            for jid, alloc in view_rows(s, (_T.id, _T.allocation), where):
                 for a in alloc or ():
                     for g in a["gpus"]:
                         out[(a["node"], int(g))] = jid

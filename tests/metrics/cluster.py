@@ -34,8 +34,14 @@ class InMemoryCluster:
     def telemetry(self):
         return dict(self.samples)
 
+    def node(self, name):
+        return next((n for n in self.node_list if n.name == name), None)
+
     def gpu_jobs(self):
         return dict(self.allocation)
+
+    def gpu_jobs_on(self, name):
+        return {gpu: job for (node, gpu), job in self.allocation.items() if node == name}
 
     def team_gpu_seconds(self):
         return dict(self.team_usage)

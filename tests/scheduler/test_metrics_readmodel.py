@@ -1,0 +1,77 @@
+"""The daemon's read model for the metrics: one node's scrape (`/metrics/nodes/<node>`, which
+Prometheus asks of every node each interval) reads that node and the jobs on it, and says the
+same as the whole cluster's read does, on the leader (its in-memory index) and on a standby."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler import models as m
+from scheduler.config import DaemonConfig
+from scheduler.daemon import Daemon, ManualClock
+from scheduler.daemon.caller import Caller
+from scheduler.daemon.jobs import JobFilter, JobRequest
+from scheduler.daemon.lifecycle import RankExit
+from scheduler.models import Node
+from scheduler.simgpu import SimulatedGpus
+
+ADMIN = Caller("root", "admin")
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(DaemonConfig(), tmp_path / "home", clock=ManualClock())
+    d.prepare()
+    d.leadership.role = "leader"
+    d.links.connected = lambda name: True  # nodes without agents: nothing is sent to them
+    d.dispatcher.dispatch = lambda job: None
+    with d.store.tx() as s:
+        for i in range(4):
+            s.add(Node(name=f"n{i}", address="127.0.0.1", state=m.UP, gpus_total=4,
+                       gpu_indices=[0, 1, 2, 3], cpus=32, mem_mb=64000,
+                       agent_info={"host": f"host-{i}", "driver_version": "550.54.15"}))
+    d.store.load_index()
+    yield d
+    d.engine.dispose()
+
+
+def per_node(d: Daemon) -> dict[str, dict[int, object]]:
+    whole = d.readmodel.gpu_jobs()
+    return {f"n{i}": {g: j for (n, g), j in whole.items() if n == f"n{i}"} for i in range(4)}
+
+
+def test_one_nodes_jobs_and_facts_match_the_whole_clusters_read(daemon):
+    d = daemon
+    for req in (JobRequest(command=["true"], gpus=3), JobRequest(command=["true"], gpus=1),
+                JobRequest(command=["true"], gpus=4, nodes=2), JobRequest(command=["true"], gpus=2)):
+        d.jobs.submit(ADMIN, req)
+    d.schedule_once()
+    expected = per_node(d)
+    assert sum(len(v) for v in expected.values()) == 3 + 1 + 8 + 2  # every GPU of every job
+    assert len({j for v in expected.values() for j in v.values()}) == 4
+    for name, gpus in expected.items():
+        assert d.readmodel.gpu_jobs_on(name) == gpus, name
+    assert d.readmodel.node("n2") == next(n for n in d.readmodel.nodes() if n.name == "n2")
+    assert (d.readmodel.node("n2").hostname, d.readmodel.node("n2").driver_version) == ("host-2", "550.54.15")
+    assert d.readmodel.node("nope") is None and d.readmodel.gpu_jobs_on("nope") == {}
+    # a scrape of one node names the job on each GPU it holds there, and no other node's GPUs
+    d.on_agent_message("n0", {"ev": "telemetry", "time": 5.0, "source": "simulated",
+                              "gpus": SimulatedGpus(4).telemetry({}, {})})
+    text = d.metrics.render_node("n0").decode()
+    labelled = {line.split('gpu="')[1].split('"')[0]: line.split('hpc_job="')[1].split('"')[0]
+                for line in text.splitlines() if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and "hpc_job" in line}
+    assert labelled == {str(g): str(j) for g, j in expected["n0"].items()}
+    # a job that ends leaves its GPUs unlabelled at once; a standby (no index) reads the same
+    first = next(iter(expected["n0"].values()))
+    d.reconciler.on_started("n0", f"{first}.0")
+    d.reconciler.on_exited("n0", f"{first}.0", RankExit(0), None)
+    assert d.jobs.get(ADMIN, first)["state"] == m.COMPLETED
+    expected = per_node(d)
+    assert first not in {j for v in expected.values() for j in v.values()}
+    for name, gpus in expected.items():
+        assert d.readmodel.gpu_jobs_on(name) == gpus, name
+    d.leadership.role = "standby"
+    for name, gpus in expected.items():
+        assert d.readmodel.gpu_jobs_on(name) == gpus, name
+    assert len(d.jobs.list(ADMIN, JobFilter(all=False, states=frozenset(), user=None, queue=None,
+                                            limit=100))) == 3
