@@ -164,7 +164,7 @@ class Daemon:
         # the leader keeps allocated GPUs per node in memory; a standby reads them (None)
         live = lambda: self.store.active.gpus_used() if self.leadership.leading else None  # noqa: E731
         self.overview.live_usage = self.readmodel.live_usage = live
-        self.readmodel.jobs_on = lambda node: self.store.active.on(node) if self.leadership.leading else None
+        self.readmodel.leading = lambda: self.leadership.leading
         # the same for the final states' job counts: kept in memory by the leader alone
         self.store.keeps_counts = lambda: self.leadership.leading
         self._tasks: list[asyncio.Task] = []

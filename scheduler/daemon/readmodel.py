@@ -25,7 +25,8 @@ class MetricsReadModel:
         self.team_of = team_of
         self.finished_team_gpu_s: dict[str, float] = {}
         self.live_usage = lambda: None  # the leader's in-memory GPUs by node (Overview.usage)
-        self.jobs_on = lambda node: None  # the leader's in-memory ids of the active jobs on a node
+        self.leading = lambda: False  # the leader keeps active jobs' allocations in memory (StateStore.active)
+        self._infos: tuple[int, dict[str, NodeInfo]] | None = None  # (StateStore.nodes_version, by name)
 
     def job_counts(self) -> Iterable[tuple[str, str, int]]:
         with self.store.read() as s:
@@ -39,8 +40,15 @@ class MetricsReadModel:
         return self._node_infos()
 
     def node(self, name: str) -> NodeInfo | None:
-        found = self._node_infos(name)
-        return found[0] if found else None
+        """On the leader, from every node's facts read once per change of the node table (its
+        writes are the only ones); a standby reads the node's row."""
+        if not self.leading():
+            found = self._node_infos(name)
+            return found[0] if found else None
+        version = self.store.nodes_version
+        if self._infos is None or self._infos[0] != version:
+            self._infos = (version, {n.name: n for n in self._node_infos()})
+        return self._infos[1].get(name)
 
     def _node_infos(self, name: str | None = None) -> list[NodeInfo]:
         info = _N.agent_info
@@ -63,23 +71,19 @@ class MetricsReadModel:
         return self.links.telemetry
 
     def gpu_jobs(self) -> Mapping[tuple[str, int], object]:
-        return self._gpu_jobs(None)
+        return self._gpu_jobs()
 
     def gpu_jobs_on(self, name: str) -> Mapping[int, object]:
-        """On the leader, the jobs its in-memory index puts on the node (O(jobs on it)); a
-        standby, which keeps no index, reads every active job."""
-        return {gpu: jid for (node, gpu), jid in self._gpu_jobs(name).items() if node == name}
+        """On the leader, from its in-memory index of the active jobs' allocations (O(jobs on
+        the node)); a standby, which keeps no index, reads every active job."""
+        if self.leading():
+            return self.store.active.gpus_held_on(name)
+        return {gpu: jid for (node, gpu), jid in self._gpu_jobs().items() if node == name}
 
-    def _gpu_jobs(self, name: str | None) -> dict[tuple[str, int], object]:
-        where = _T.state.in_(m.ACTIVE_STATES)
-        ids = self.jobs_on(name) if name is not None else None
-        if ids is not None:
-            if not ids:
-                return {}
-            where = where & _T.id.in_(sorted(ids))
+    def _gpu_jobs(self) -> dict[tuple[str, int], object]:
         out: dict[tuple[str, int], object] = {}
         with self.store.read() as s:
-            for jid, alloc in view_rows(s, (_T.id, _T.allocation), where):
+            for jid, alloc in view_rows(s, (_T.id, _T.allocation), _T.state.in_(m.ACTIVE_STATES)):
                 for a in alloc or ():
                     for g in a["gpus"]:
                         out[(a["node"], int(g))] = jid

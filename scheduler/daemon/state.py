@@ -70,6 +70,7 @@ class ActiveIndex:
         self.nodes_of: dict[int, tuple[str, ...]] = {}
         self.gpus_of: dict[int, tuple[int, ...]] = {}  # GPUs per node, in the order of nodes_of
         self.gpus_on: dict[str, int] = {}
+        self.held: dict[int, tuple[tuple[int, ...], ...]] = {}  # GPU indexes per node, as nodes_of
 
     def add(self, job_id: int, nodes: tuple[str, ...], gpus: tuple[int, ...] = ()) -> None:
         self.discard(job_id)
@@ -84,8 +85,10 @@ class ActiveIndex:
         """Index a job by its allocation column ([{"node": ..., "gpus": [...]}, ...])."""
         alloc = allocation or ()
         self.add(job_id, tuple(a["node"] for a in alloc), tuple(len(a["gpus"]) for a in alloc))
+        self.held[job_id] = tuple(tuple(int(g) for g in a["gpus"]) for a in alloc)
 
     def discard(self, job_id: int) -> None:
+        self.held.pop(job_id, None)
         for n, g in zip(self.nodes_of.get(job_id, ()), self.gpus_of.pop(job_id, ()), strict=False):
             left = self.gpus_on.get(n, 0) - g
             if left > 0:
@@ -101,6 +104,15 @@ class ActiveIndex:
 
     def on(self, node: str) -> set[int]:
         return set(self.by_node.get(node, ()))
+
+    def gpus_held_on(self, node: str) -> dict[int, int]:
+        """GPU index -> the active job allocated it, on `node` (jobs indexed by allocation)."""
+        out: dict[int, int] = {}
+        for jid in self.by_node.get(node, ()):
+            for n, gpus in zip(self.nodes_of[jid], self.held.get(jid, ()), strict=False):
+                if n == node:
+                    out.update(dict.fromkeys(gpus, jid))
+        return out
 
     def gpus_used(self) -> dict[str, int]:
         """GPUs allocated to active jobs, by node."""

@@ -54,6 +54,10 @@ def test_one_nodes_jobs_and_facts_match_the_whole_clusters_read(daemon):
     assert d.readmodel.node("n2") == next(n for n in d.readmodel.nodes() if n.name == "n2")
     assert (d.readmodel.node("n2").hostname, d.readmodel.node("n2").driver_version) == ("host-2", "550.54.15")
     assert d.readmodel.node("nope") is None and d.readmodel.gpu_jobs_on("nope") == {}
+    with d.store.tx() as s:  # the agent came back with a new driver: the next scrape says so
+        node = s.get(Node, "n2")
+        node.agent_info = {**node.agent_info, "driver_version": "570.86.10"}
+    assert d.readmodel.node("n2").driver_version == "570.86.10"
     # a scrape of one node names the job on each GPU it holds there, and no other node's GPUs
     d.on_agent_message("n0", {"ev": "telemetry", "time": 5.0, "source": "simulated",
                               "gpus": SimulatedGpus(4).telemetry({}, {})})
