@@ -4,8 +4,10 @@ agent protocol is answered in-process), each sending telemetry every 2 s, with 5
 pending jobs per node (5,000 and 10,000 at 1,000 nodes; the running ones fill every GPU, so the
 pending ones wait for resources and every scheduling cycle plans all of them). Prints the daemon's
 CPU and RSS at steady state, the scheduling cycle, and GET /v1/jobs (one page) and GET /v1/nodes
-latency (request written to the response's last byte read) while all of that runs; GET /v1/nodes
-both as a plain client gets it and gzip-compressed, as the CLI and TUI (httpx) ask for it. Run:
+latency (request written to the response's last byte read) while all of that runs, and while
+Prometheus (this process, as deploy/prometheus.yml configures it) scrapes every node's GPUs every
+15 s; GET /v1/nodes both as a plain client gets it and gzip-compressed, as the CLI and TUI (httpx)
+ask for it. Run:
     .venv/bin/python tests/bench/bench_cluster_size.py [--health-history N] [--steady SECONDS] [NODES ...]
 (default: 100 1000, 60 s of steady state)
 """
@@ -28,6 +30,7 @@ from _http import Connection
 
 GPUS = 8
 STEADY_S = 60  # seconds of steady state measured (each node listing every other 0.5 s)
+SCRAPE_S = 15  # Prometheus scrapes every node's GPUs this often (deploy/prometheus.yml)
 PAGE = 100  # jobs in one page of GET /v1/jobs
 # --health-history N: [health] history_samples (default 300): the window the GPU health rules
 # look back over (kept up to date per sample, so its length costs memory, not CPU per sample)
@@ -141,6 +144,24 @@ async def metrics_text(url: str) -> str:
     return data.decode(errors="replace")
 
 
+async def scrape_every_node(url: str, token: str, names: list[str], stop: asyncio.Event,
+                            lat: list[float]) -> None:
+    """Prometheus with the DCGM dashboard's configuration (deploy/prometheus.yml): every node's
+    target, /metrics/nodes/<node>, once per SCRAPE_S, spread evenly over the interval."""
+    c = await Connection(url, token).open()
+    t0, i = time.monotonic(), 0
+    while not stop.is_set():
+        delay = t0 + i * SCRAPE_S / len(names) - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        t = time.perf_counter()
+        status, _ = await c.request("GET", f"/metrics/nodes/{names[i % len(names)]}", decode=False)
+        lat.append(time.perf_counter() - t)
+        assert status == 200, status
+        i += 1
+    await c.close()
+
+
 async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
     c = await Connection(url, token).open()
     t_up = await wait_for(c, "every node connected",
@@ -159,6 +180,11 @@ async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
     await submit(url, token, [{"command": ["sleep", "100000"], "gpus": 1, "name": "pending"}] * pending)
     await wait_for(c, f"{pending} jobs PENDING", lambda x: x["jobs_by_state"].get("PENDING", 0) >= pending, 120)
     await asyncio.sleep(5)  # let the submissions' cycles settle
+    _, listed = await c.request("GET", "/v1/nodes")
+    scrapes: list[float] = []
+    stop = asyncio.Event()
+    scraper = asyncio.create_task(scrape_every_node(url, token, [n["name"] for n in listed], stop, scrapes))
+    await asyncio.sleep(SCRAPE_S / 3)  # the scrapes under way before the window opens
     text0 = await metrics_text(url)
     sum0, n0 = cycle_stats(text0)
     gc0 = gc_stats(text0)
@@ -180,6 +206,8 @@ async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
         await asyncio.sleep(0.5)
     wall = time.monotonic() - t0
     cpu = cpu_s(pid) - cpu0
+    stop.set()
+    await scraper
     text1 = await metrics_text(url)
     sum1, n1 = cycle_stats(text1)
     gc1 = gc_stats(text1)
@@ -195,6 +223,8 @@ async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
             "nodes_gz_p99_ms": percentile(lat["nodes_gz"], 99) * 1000,
             "nodes_gz_p50_ms": percentile(lat["nodes_gz"], 50) * 1000,
             "nodes_kb": size["nodes"] / 1024, "nodes_gz_kb": size["nodes_gz"] / 1024,
+            "scrape_p50_ms": percentile(scrapes, 50) * 1000, "scrape_p99_ms": percentile(scrapes, 99) * 1000,
+            "scrapes_per_s": len(scrapes) / (wall + SCRAPE_S / 3),
             "running": cluster["jobs_by_state"].get("RUNNING", 0),
             "pending": cluster["jobs_by_state"].get("PENDING", 0)}
 
@@ -324,7 +354,9 @@ def main() -> None:
               f"p50 {r['jobs_p50_ms']:.1f} p99 {r['jobs_p99_ms']:.1f} ms; GET /v1/nodes p50 {r['nodes_p50_ms']:.1f} "
               f"p99 {r['nodes_p99_ms']:.1f} ms ({r['nodes_kb']:,.0f} KB), gzip-compressed as the CLI and TUI ask "
               f"p50 {r['nodes_gz_p50_ms']:.1f} p99 {r['nodes_gz_p99_ms']:.1f} ms ({r['nodes_gz_kb']:,.0f} KB) "
-              f"({r['running']:,} running, {r['pending']:,} pending); "
+              f"({r['running']:,} running, {r['pending']:,} pending); Prometheus scraping every node's GPUs "
+              f"every {SCRAPE_S} s ({r['scrapes_per_s']:.0f}/s): p50 {r['scrape_p50_ms']:.1f} p99 "
+              f"{r['scrape_p99_ms']:.1f} ms; "
               + "garbage collector pauses: " + ", ".join(
                   f"generation {g} {r['gc'][f'n{g}']:.0f} (mean {r['gc'][f's{g}'] / max(1, r['gc'][f'n{g}']) * 1000:.1f} ms, "
                   f"{r['gc'][f'long{g}']:.0f} over 25 ms)" for g in "012"))
