@@ -1,6 +1,7 @@
 """Cost per event: an agent's `started`, a job's end (`exited` -> COMPLETED), a node's resync after
 hello, a housekeeping tick (time limits, unreachable nodes), a scrape of one node's GPUs by
-Prometheus (/metrics/nodes/<node>, asked of every node each interval) with 10 and with 10,000 active
+Prometheus (/metrics/nodes/<node>, asked of every node each interval) and of the cluster's own
+series (/metrics: grows with the nodes, not the jobs) with 10 and with 10,000 active
 jobs, and a scheduling cycle after one submission with as many jobs pending as active; the tick's full read of every active job's deadlines (at the first tick, then every 5
 minutes) is shown apart. The daemon's own code runs in this process on a real SQLite database; the nodes' links are
 not connected (what would be sent to them is dropped), so only the daemon's work is timed, in CPU
@@ -93,6 +94,7 @@ def measure(active: int) -> dict[str, float]:
     tele = [timed(d.on_agent_message, busy, telemetry) for _ in range(200)]
     d.leadership.role = "leader"  # as the daemon that serves the scrapes (its index of jobs by node)
     scrape = [timed(d.metrics.render_node, busy) for _ in range(50)]
+    whole = [timed(d.metrics.render) for _ in range(10)]  # Prometheus' scrape of /metrics
     with d.store.read() as s:
         states = set(s.exec(select(Job.state).where(col(Job.id).in_(probes))).all())
     if states != {"COMPLETED"}:
@@ -101,7 +103,7 @@ def measure(active: int) -> dict[str, float]:
     med = statistics.median
     return {"started": med(started), "exited -> COMPLETED": med(ended), "resync of a node (8 jobs)": med(resync),
             "housekeeping tick": med(ticks), "housekeeping full read": med(full), "telemetry": med(tele),
-            "a node's scrape (/metrics/nodes/<node>)": med(scrape)}
+            "a node's scrape (/metrics/nodes/<node>)": med(scrape), "a scrape of /metrics (every node's)": med(whole)}
 
 
 def cycle_after_a_submission(backlog: int, cycles: int = 30) -> float:

@@ -1,6 +1,8 @@
 """The daemon's read model for the metrics: one node's scrape (`/metrics/nodes/<node>`, which
 Prometheus asks of every node each interval) reads that node and the jobs on it, and says the
-same as the whole cluster's read does, on the leader (its in-memory index) and on a standby."""
+same as the whole cluster's read does, on the leader (its in-memory index) and on a standby; the
+GPU-seconds per team, summed by the database, are what every active job's sum gives. On SQLite
+and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -14,15 +16,21 @@ from scheduler.daemon.jobs import JobFilter, JobRequest
 from scheduler.daemon.lifecycle import RankExit
 from scheduler.models import Node
 from scheduler.simgpu import SimulatedGpus
+from tests.conftest import fresh_pg_db
 
 ADMIN = Caller("root", "admin")
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    d = Daemon(DaemonConfig(), tmp_path / "home", clock=ManualClock())
+@pytest.fixture(params=["sqlite", "postgresql"])
+def daemon(request, tmp_path):
+    db = ""  # SQLite in the daemon's home
+    if request.param == "postgresql":  # the sums and the reads are SQL: both engines
+        db = fresh_pg_db(request.getfixturevalue("postgres_url"), f"readmodel_{request.node.name}")
+    d = Daemon(DaemonConfig(db=db), tmp_path / "home", clock=ManualClock())
     d.prepare()
     d.leadership.role = "leader"
+    if db:  # on SQLite prepare() loaded the leader's state; here, as taking office would
+        d._load_state()
     d.links.connected = lambda name: True  # nodes without agents: nothing is sent to them
     d.dispatcher.dispatch = lambda job: None
     with d.store.tx() as s:
@@ -79,3 +87,41 @@ def test_one_nodes_jobs_and_facts_match_the_whole_clusters_read(daemon):
         assert d.readmodel.gpu_jobs_on(name) == gpus, name
     assert len(d.jobs.list(ADMIN, JobFilter(all=False, states=frozenset(), user=None, queue=None,
                                             limit=100))) == 3
+
+
+def reference_team_gpu_seconds(d: Daemon, finished: dict[str, float]) -> dict[str, float]:
+    """Every active job read and summed in Python: what a scrape said before it summed in SQL."""
+    from sqlmodel import col, select
+
+    from scheduler.models import Job
+
+    out, now = dict(finished), d.clock.time()
+    with d.store.read() as s:
+        for job in s.exec(select(Job).where(col(Job.state).in_(m.ACTIVE_STATES))).all():
+            if job.start_time:
+                team = job.account or d.readmodel.team_of(job.user)
+                out[team] = out.get(team, 0.0) + job.gpus * len(job.allocation) * max(0.0, now - job.start_time)
+    return out
+
+
+def test_gpu_seconds_per_team_sum_every_running_job_and_every_ended_run(daemon):
+    d = daemon
+    ana = Caller("ana", "user")
+    for who, req in ((ADMIN, JobRequest(command=["true"], gpus=3)), (ana, JobRequest(command=["true"], gpus=1)),
+                     (ana, JobRequest(command=["true"], gpus=4, nodes=2)),
+                     (ADMIN, JobRequest(command=["true"], gpus=2, hold=True))):  # held: never started
+        d.jobs.submit(who, req)
+    d.schedule_once()
+    d.clock.advance(100)
+    got = d.readmodel.team_gpu_seconds()
+    assert got == pytest.approx(reference_team_gpu_seconds(d, {}))
+    assert sum(got.values()) == pytest.approx((3 + 1 + 4 * 2) * 100)
+    # the 2-node job ends after 100 s: its 800 GPU-seconds stay, counted once, as it stops growing
+    d.reconciler.on_started("n0", "3.0")
+    for node in ("n1", "n2", "n3"):
+        d.reconciler.on_exited(node, "3.0", RankExit(0), None)
+    d.reconciler.on_exited("n0", "3.0", RankExit(0), None)
+    d.clock.advance(50)
+    got = d.readmodel.team_gpu_seconds()
+    assert got == pytest.approx(reference_team_gpu_seconds(d, d.readmodel.finished_team_gpu_s))
+    assert sum(got.values()) == pytest.approx((3 + 1) * 150 + 8 * 100)
