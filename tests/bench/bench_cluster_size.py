@@ -147,13 +147,17 @@ async def metrics_text(url: str) -> str:
 async def scrape_every_node(url: str, token: str, names: list[str], stop: asyncio.Event,
                             lat: list[float]) -> None:
     """Prometheus with the DCGM dashboard's configuration (deploy/prometheus.yml): every node's
-    target, /metrics/nodes/<node>, once per SCRAPE_S, spread evenly over the interval."""
+    target, /metrics/nodes/<node>, once per SCRAPE_S, spread evenly over the interval; the
+    daemon's own /metrics once per interval too."""
     c = await Connection(url, token).open()
     t0, i = time.monotonic(), 0
     while not stop.is_set():
         delay = t0 + i * SCRAPE_S / len(names) - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+        if i % len(names) == 0:  # and the daemon's own series, once per interval
+            status, _ = await c.request("GET", "/metrics", decode=False)
+            assert status == 200, status
         t = time.perf_counter()
         status, _ = await c.request("GET", f"/metrics/nodes/{names[i % len(names)]}", decode=False)
         lat.append(time.perf_counter() - t)
