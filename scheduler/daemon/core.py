@@ -408,7 +408,7 @@ class Daemon:
         at 1,000 nodes sending telemetry every 2 s (a ~6 MB listing) a request costs what the
         nodes that changed since the last one cost. `compressed`: the same JSON as one gzip
         member, each node's part compressed once per change too (when first asked for; about a
-        seventh of its size), so a compressed listing also costs what changed. A standby renders
+        quarter of its size), so a compressed listing also costs what changed. A standby renders
         (and compresses) every node each time."""
         if not self.leadership.leading:
             self._node_parts = {}
