@@ -28,7 +28,7 @@ class Json(JSONResponse):
 def listing(content: Any, accept_encoding: str | None) -> Response:
     """A list endpoint's answer in JSON (orjson, as `Json`), gzip-compressed when it is long and
     the client's Accept-Encoding admits gzip (httpx, and so the CLI and TUI, and curl
-    --compressed ask for it): a page of 5,000 jobs is megabytes that compress about tenfold."""
+    --compressed ask for it): a page of 5,000 jobs is megabytes that compress several-fold."""
     body = json_bytes(content)
     if len(body) >= GZIP_FROM and accepts_gzip(accept_encoding):
         return Response(gzip_bytes(body), media_type="application/json",
