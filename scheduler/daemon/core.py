@@ -46,7 +46,7 @@ from .reconcile import Reconciler
 from .registries import Registries, load_credentials
 from .retention import Retention
 from .scheduling import SchedulingCycle
-from .state import StateStore
+from .state import NodeTableCache, StateStore
 from .steps import EVENTS as STEP_EVENTS
 from .steps import StepRelay
 from .tokens import Tokens
@@ -170,7 +170,7 @@ class Daemon:
         self._tasks: list[asyncio.Task] = []
         self._office: list[asyncio.Task] = []  # what only the leader runs
         self._node_parts: dict[str, _NodePart] = {}  # node -> its rendered part: nodes_listing
-        self._node_rows_seen: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
+        self._node_rows_seen: NodeTableCache[list] = NodeTableCache(self.store)  # every node's row
         self._running = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -249,9 +249,8 @@ class Daemon:
     async def _start_office(self) -> None:
         """The leader's work: node links, notifications, the scheduling and housekeeping loops."""
         self.cycle.forget_light_rows()  # another daemon may have led meanwhile: read everything
-        self.jobs.forget_cached()
         self.lifecycle.forget_cached()
-        self.store.forget_counts()
+        self.store.forget_cached()  # node and queue caches, the final states' counts
         with self.store.read() as s:
             for node in s.exec(select(Node)).all():
                 self.links.start(node)
@@ -445,14 +444,9 @@ class Daemon:
     def _node_rows(self, s: Session) -> list[SimpleNamespace]:
         """Every node's row, decoded once per change of the node table on the leader (whose
         writes are the only ones; a standby reads them each time)."""
-        version = self.store.nodes_version
-        if self.leadership.leading and self._node_rows_seen is not None \
-                and self._node_rows_seen[0] == version:
-            return self._node_rows_seen[1]
         t = Node.__table__
-        rows = row_objects(s.connection().execute(sa_select(t).order_by(t.c.name)))
-        self._node_rows_seen = (version, rows) if self.leadership.leading else None
-        return rows
+        return self._node_rows_seen.get(lambda: row_objects(s.connection().execute(sa_select(t).order_by(t.c.name))),
+                                        fresh=not self.leadership.leading)
 
     def node_views(self, name: str | None = None) -> list[dict[str, Any]]:
         with self.store.read() as s:

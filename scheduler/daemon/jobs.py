@@ -22,7 +22,7 @@ from .errors import Conflict, DomainError, Forbidden, NotFound
 from .lifecycle import JobLifecycle, signal_spec
 from .links import NodeLinks
 from .prediction import prediction_json
-from .state import StateStore, jobs_and_tasks
+from .state import NodeTableCache, StateStore, jobs_and_tasks
 from .views import job_json
 
 ACTIONS = ("cancel", "hold", "release", "requeue")
@@ -138,13 +138,10 @@ class JobService:
         self.wake = wake
         self._group: list[tuple[Caller, JobRequest, asyncio.Future]] = []  # submit_grouped's
         # what every submission checks against, kept until a transaction writes a queue or a
-        # node: (StateStore.queues_version, {name: row}), (nodes_version, GPUs per node, largest)
+        # node (or the daemon takes office: StateStore.forget_cached): (StateStore.queues_version,
+        # {name: row}); GPUs per node, and the largest node's (GPUs, name)
         self._queues: tuple[int, dict] = (-1, {})
-        self._sizes: tuple[int, list[int], tuple | None] = (-1, [], None)
-
-    def forget_cached(self) -> None:
-        """Read queues and node sizes again (another daemon may have led meanwhile)."""
-        self._queues, self._sizes = (-1, {}), (-1, [], None)
+        self._sizes: NodeTableCache[tuple[list[int], tuple | None]] = NodeTableCache(store)
 
     # ---------------------------------------------------------------- reads
     def get(self, caller: Caller, job_id: int) -> dict[str, Any]:
@@ -354,13 +351,13 @@ class JobService:
 
     def _check_fits(self, s: Session, req: JobRequest) -> None:
         # node sizes read once per change of the node table: this runs on every submission
-        if self._sizes[0] != self.store.nodes_version:
+        def sizes_of_nodes() -> tuple[list[int], tuple | None]:
             t = Node.__table__.c
             rows = s.connection().execute(sa_select(t.gpus_total, t.name).order_by(
                 t.gpus_total.desc(), t.name.desc())).all()
-            self._sizes = (self.store.nodes_version, [r[0] for r in rows],
-                           tuple(rows[0]) if rows else None)
-        _, sizes, largest = self._sizes
+            return [r[0] for r in rows], tuple(rows[0]) if rows else None
+
+        sizes, largest = self._sizes.get(sizes_of_nodes)
         if largest is None:
             return  # nothing registered yet: the job waits for nodes
         if req.gpus > largest[0]:

@@ -16,7 +16,7 @@ from ..models import Job, Node
 from ..planner import PolicyConfig, UsageLedger
 from .clock import Clock
 from .links import NodeLinks
-from .state import StateStore
+from .state import NodeTableCache, StateStore
 
 
 def job_key(job: Job) -> str:
@@ -187,12 +187,12 @@ class JobLifecycle:
         self.wake = wake
         self.rank_exits: dict[int, dict[str, RankExit]] = {}
         self.deadlines = Deadlines(store)
-        self._draining_seen: tuple[int, frozenset[str]] = (-1, frozenset())  # (nodes_version, names)
+        self._draining_names: NodeTableCache[frozenset[str]] = NodeTableCache(store)  # DRAINING nodes
 
     def forget_cached(self) -> None:
-        """On taking office: another daemon may have changed jobs and nodes meanwhile."""
+        """On taking office: another daemon may have changed jobs meanwhile (the node caches
+        follow StateStore.forget_cached)."""
         self.deadlines.forget()
-        self._draining_seen = (-1, frozenset())
 
     # ---------------------------------------------------------------- queries
     def active_jobs_on(self, s: Session, node: str) -> list[Job]:
@@ -393,11 +393,8 @@ class JobLifecycle:
         the database when this transaction itself wrote a node."""
         if "node" in s.info.get("tables_touched", ()) or any(isinstance(o, Node) for o in s.dirty | s.new):
             return list(s.exec(select(Node.name).where(col(Node.name).in_(nodes), Node.state == m.DRAINING)).all())
-        version = self.store.nodes_version
-        if self._draining_seen[0] != version:
-            names = frozenset(s.exec(select(Node.name).where(Node.state == m.DRAINING)).all())
-            self._draining_seen = (version, names)
-        draining = self._draining_seen[1]
+        draining = self._draining_names.get(
+            lambda: frozenset(s.exec(select(Node.name).where(Node.state == m.DRAINING)).all()))
         return [n for n in nodes if n in draining] if draining else []
 
     # ---------------------------------------------------------------- housekeeping

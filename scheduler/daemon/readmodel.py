@@ -15,7 +15,7 @@ from .clock import Clock
 from .links import NodeLinks
 from .overview import Overview
 from .scheduling import _N, _T, view_rows
-from .state import StateStore
+from .state import NodeTableCache, StateStore
 
 
 class MetricsReadModel:
@@ -27,7 +27,7 @@ class MetricsReadModel:
         self.finished_team_gpu_s: dict[str, float] = {}
         self.live_usage = lambda: None  # the leader's in-memory GPUs by node (Overview.usage)
         self.leading = lambda: False  # the leader keeps active jobs' allocations in memory (StateStore.active)
-        self._infos: tuple[int, dict[str, NodeInfo]] | None = None  # (StateStore.nodes_version, by name)
+        self._infos: NodeTableCache[dict[str, NodeInfo]] = NodeTableCache(store)  # every node's, by name
 
     def job_counts(self) -> Iterable[tuple[str, str, int]]:
         with self.store.read() as s:
@@ -49,10 +49,7 @@ class MetricsReadModel:
         return self._leaders_infos().get(name)
 
     def _leaders_infos(self) -> dict[str, NodeInfo]:
-        version = self.store.nodes_version
-        if self._infos is None or self._infos[0] != version:
-            self._infos = (version, {n.name: n for n in self._node_infos()})
-        return self._infos[1]
+        return self._infos.get(lambda: {n.name: n for n in self._node_infos()})
 
     def _node_infos(self, name: str | None = None) -> list[NodeInfo]:
         info = _N.agent_info

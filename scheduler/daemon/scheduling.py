@@ -36,7 +36,7 @@ from .gpuhealth import HealthMonitor
 from .lifecycle import JobLifecycle
 from .links import NodeLinks
 from .prediction import planning_runtime
-from .state import StateStore
+from .state import NodeTableCache, StateStore
 
 log = logging.getLogger("trainyard.daemon")
 BEGIN_TIME = "BeginTime"  # Slurm's reason for a job whose --begin has not come
@@ -283,7 +283,7 @@ class SchedulingCycle:
         self._active_dirty: dict[int, JobView | None] = {}
         self._dependent: dict[int, JobView] = {}  # the pending views with a dependency, by id
         self._full_read_at = 0.0
-        self._node_rows: tuple[int, list] | None = None  # (StateStore.nodes_version, rows)
+        self._node_rows: NodeTableCache[list] = NodeTableCache(store)  # the planner's columns of every node
         self._waits_due = 0.0  # when a long backlog's reasons are written again
         self._estimates_due = 0.0  # when a shorter backlog's estimated starts are written again
         self._reasons_due = 0.0  # when a middling backlog's reasons are written again
@@ -488,7 +488,8 @@ class SchedulingCycle:
 
     def forget_light_rows(self) -> None:
         """Read every pending and active job again on the next cycle."""
-        self._pending_light = self._active_light = self._node_rows = self._node_views = None
+        self._pending_light = self._active_light = self._node_views = None
+        self._node_rows.forget()
 
     def snapshot(self, s: Session, now: float) -> tuple[Snapshot | None, Mapping[int, tuple]]:
         pending, rows = self.pending_views(s, now)
@@ -496,14 +497,12 @@ class SchedulingCycle:
             return None, {}
         # the columns the planner needs, as plain rows: a Node object per node per cycle (and
         # its health-check and telemetry columns) cost more than planning at 1,000 nodes
-        if self._node_rows is None or self._node_rows[0] != self.store.nodes_version:
-            self._node_rows = (self.store.nodes_version, s.connection().execute(_NODE_ROWS).all())
-        nodes = self._node_rows[1]
+        nodes = self._node_rows.get(lambda: s.connection().execute(_NODE_ROWS).all())
         active = self.active_views(s)
         held = self._allocated  # kept in step with `active` by active_views()
         used, cpus_used, mem_used = held.gpus, held.cpus, held.mem
         # the node views change only with the node rows, what jobs hold, GPU health or links
-        inputs = (self._node_rows[0], held.version, self.health.version, self.links.state_key())
+        inputs = (self._node_rows.version, held.version, self.health.version, self.links.state_key())
         if self._node_views is not None and self._node_views[0] == inputs:
             return self._finish_snapshot(s, now, pending, active, self._node_views[1], rows)
         nothing: frozenset[int] = frozenset()

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Iterator
 from itertools import chain
 from types import SimpleNamespace
+from typing import Generic, TypeVar
 
 from sqlalchemy import ColumnElement, Select, bindparam, event, func, insert, union_all
 from sqlalchemy import select as sa_select
@@ -61,41 +62,37 @@ _LIVE_COUNTS = _counts_of(LIVE_STATES)
 _FINAL_COUNTS = _counts_of(m.FINAL_STATES)
 
 
+T = TypeVar("T")
+
+
 class ActiveIndex:
     """Which active jobs hold an allocation on which node, and how many GPUs each node has
-    allocated: O(jobs on the node) per question, never a scan of every active job."""
+    allocated: O(jobs on the node) per question, never a scan of every active job. Kept from the
+    allocations of committed transactions (StateStore.load_index, after-commit hooks)."""
 
     def __init__(self) -> None:
         self.by_node: dict[str, set[int]] = {}
         self.nodes_of: dict[int, tuple[str, ...]] = {}
-        self.gpus_of: dict[int, tuple[int, ...]] = {}  # GPUs per node, in the order of nodes_of
-        self.gpus_on: dict[str, int] = {}
         self.held: dict[int, tuple[tuple[int, ...], ...]] = {}  # GPU indexes per node, as nodes_of
-
-    def add(self, job_id: int, nodes: tuple[str, ...], gpus: tuple[int, ...] = ()) -> None:
-        self.discard(job_id)
-        self.nodes_of[job_id] = nodes
-        self.gpus_of[job_id] = gpus
-        for n in nodes:
-            self.by_node.setdefault(n, set()).add(job_id)
-        for n, g in zip(nodes, gpus, strict=False):
-            self.gpus_on[n] = self.gpus_on.get(n, 0) + g
+        self.gpus_on: dict[str, int] = {}  # the sum of len(held) per node
 
     def add_allocation(self, job_id: int, allocation) -> None:
         """Index a job by its allocation column ([{"node": ..., "gpus": [...]}, ...])."""
+        self.discard(job_id)
         alloc = allocation or ()
-        self.add(job_id, tuple(a["node"] for a in alloc), tuple(len(a["gpus"]) for a in alloc))
-        self.held[job_id] = tuple(tuple(int(g) for g in a["gpus"]) for a in alloc)
+        nodes = self.nodes_of[job_id] = tuple(a["node"] for a in alloc)
+        held = self.held[job_id] = tuple(tuple(int(g) for g in a["gpus"]) for a in alloc)
+        for n, gpus in zip(nodes, held, strict=True):
+            self.by_node.setdefault(n, set()).add(job_id)
+            self.gpus_on[n] = self.gpus_on.get(n, 0) + len(gpus)
 
     def discard(self, job_id: int) -> None:
-        self.held.pop(job_id, None)
-        for n, g in zip(self.nodes_of.get(job_id, ()), self.gpus_of.pop(job_id, ()), strict=False):
-            left = self.gpus_on.get(n, 0) - g
+        for n, gpus in zip(self.nodes_of.pop(job_id, ()), self.held.pop(job_id, ()), strict=True):
+            left = self.gpus_on.get(n, 0) - len(gpus)
             if left > 0:
                 self.gpus_on[n] = left
             else:
                 self.gpus_on.pop(n, None)
-        for n in self.nodes_of.pop(job_id, ()):
             ids = self.by_node.get(n)
             if ids is not None:
                 ids.discard(job_id)
@@ -120,6 +117,33 @@ class ActiveIndex:
 
     def __len__(self) -> int:
         return len(self.nodes_of)
+
+
+class NodeTableCache(Generic[T]):
+    """A value derived from the node table, computed again only after a committed transaction of
+    this process wrote a node (StateStore.nodes_version) or it took office. Valid where this
+    daemon's writes are the only ones, the leader; a standby asks with `fresh=True`."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self._seen: tuple[int, T] | None = None
+
+    def get(self, compute: Callable[[], T], fresh: bool = False) -> T:
+        version = self.store.nodes_version
+        if fresh:
+            self._seen = None
+            return compute()
+        if self._seen is None or self._seen[0] != version:
+            self._seen = (version, compute())
+        return self._seen[1]
+
+    @property
+    def version(self) -> int:
+        """The node table's version the value was computed at (-1: none yet)."""
+        return -1 if self._seen is None else self._seen[0]
+
+    def forget(self) -> None:
+        self._seen = None
 
 
 @event.listens_for(Session, "after_flush")
@@ -167,6 +191,14 @@ class StateStore:
             rows = conn.execute(sa_select(t.id, t.allocation).where(t.state.in_(m.ACTIVE_STATES))).all()
         for jid, alloc in rows:
             self.active.add_allocation(jid, alloc)
+
+    def forget_cached(self) -> None:
+        """On taking office: another daemon may have written nodes, queues and final states
+        meanwhile, which this process's versions did not see. Every NodeTableCache (and whatever
+        compares `queues_version`) computes again; final states are counted again."""
+        self.nodes_version += 1
+        self.queues_version += 1
+        self.forget_counts()
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[Session]:

@@ -125,3 +125,38 @@ def test_gpu_seconds_per_team_sum_every_running_job_and_every_ended_run(daemon):
     got = d.readmodel.team_gpu_seconds()
     assert got == pytest.approx(reference_team_gpu_seconds(d, d.readmodel.finished_team_gpu_s))
     assert sum(got.values()) == pytest.approx((3 + 1) * 150 + 8 * 100)
+
+
+def test_a_daemon_that_leads_again_reads_the_nodes_another_leader_wrote(daemon):
+    """What the leader keeps of the node table (listings, scrapes, the submissions' size check,
+    the planner's rows) follows its own commits; another daemon's, made while this one stood by,
+    are read again when it takes office."""
+    import asyncio
+
+    from sqlalchemy import update
+
+    from scheduler.daemon.errors import Conflict
+
+    d = daemon
+    view = lambda: next(n for n in d.node_views() if n["name"] == "n1")  # noqa: E731
+    assert d.readmodel.node("n1").driver_version == "550.54.15" and view()["gpus_total"] == 4
+    with pytest.raises(Conflict, match=r"largest: 4 on n3"):
+        d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=8))
+    d.schedule_once()
+    # meanwhile another daemon led: n1 came back with 8 GPUs and a new driver, and was drained
+    with d.engine.begin() as conn:
+        conn.execute(update(Node.__table__).where(Node.__table__.c.name == "n1").values(
+            gpus_total=8, gpu_indices=list(range(8)), state=m.DRAINING,
+            agent_info={"host": "host-1", "driver_version": "570.86.10"}))
+
+    async def lead_again():
+        d.links.start = lambda node: None  # nodes without agents
+        await d._start_office()
+        await d._leave_office()
+
+    asyncio.run(lead_again())
+    assert d.readmodel.node("n1").driver_version == "570.86.10"
+    assert (view()["gpus_total"], view()["state"]) == (8, m.DRAINING)
+    job = d.jobs.submit(ADMIN, JobRequest(command=["true"], gpus=8))  # fits the largest node now
+    d.schedule_once()  # but n1 drains: the planner's rows say so, and the job waits
+    assert d.jobs.get(ADMIN, job["id"])["state"] == m.PENDING
