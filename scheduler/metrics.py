@@ -181,10 +181,11 @@ class Metrics:
         node = self.cluster.node(name)
         if node is None:
             return None
-        sample = self.cluster.telemetry().get(name) or {}
-        jobs = dict(self.cluster.gpu_jobs_on(name))
-        return render(gpu_families(node.hostname or node.name, node.driver_version,
-                                   sample.get("gpus") or [], jobs))
+        gpus = (self.cluster.telemetry().get(name) or {}).get("gpus") or []
+        # which job holds each GPU labels its samples: none to label, none to look up (a standby,
+        # which has no telemetry since the agents report to the leader, would read every active job)
+        jobs = dict(self.cluster.gpu_jobs_on(name)) if gpus else {}
+        return render(gpu_families(node.hostname or node.name, node.driver_version, gpus, jobs))
 
     def http_sd(self, address: str, scheme: str = "http") -> bytes:
         """The http_sd_configs reply: one target per node at /metrics/nodes/<node>."""

@@ -63,6 +63,31 @@ def test_one_leads_the_other_stands_by_and_points_to_it(pair):
     assert both.submit({"command": ["true"], "hold": True})["state"] == "PENDING"
 
 
+def test_prometheus_pointed_at_the_standby_scrapes_the_leaders_gpus(pair):
+    """The agents report their GPUs to the leader alone: the standby's service discovery names
+    the leader's address, so a Prometheus configured with either daemon scrapes the telemetry."""
+    from sqlalchemy import create_engine
+    from sqlmodel import Session
+
+    from scheduler.models import Node
+
+    leader, standby = pair
+    engine = create_engine(leader.db)  # a node registered (no agent: none runs here); the standby reads it
+    with Session(engine) as s:
+        s.add(Node(name="gpu-a1", address="192.0.2.10", state="UP", gpus_total=8, gpu_indices=list(range(8))))
+        s.commit()
+    engine.dispose()
+    wait_for(lambda: health(standby).get("leader"), 10, what="standby names the leader")
+    sd = httpx.get(f"{standby.url}/metrics/http_sd", timeout=5).json()
+    assert sd == [{"targets": [f"127.0.0.1:{leader.port}"],
+                   "labels": {"instance": "gpu-a1", "__metrics_path__": "/metrics/nodes/gpu-a1", "__scheme__": "http"}}]
+    assert leader.port != standby.port
+    # the standby answers a scrape of its own too (no GPU telemetry there: no GPU samples)
+    r = httpx.get(f"{standby.url}/metrics/nodes/gpu-a1", timeout=5)
+    assert r.status_code == 200 and "DCGM_FI_DEV_GPU_UTIL{" not in r.text
+    assert httpx.get(f"{standby.url}/metrics/nodes/nope", timeout=5).status_code == 404
+
+
 def test_kill_9_of_the_leader_the_standby_takes_over_and_every_job_ends_once(pair, sshd_factory):
     leader, standby = pair
     node = sshd_factory("ha1", leader.public_key)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
@@ -59,9 +61,24 @@ async def metrics(d: DaemonDep):
             responses={200: {"content": {"application/json": {}},
                              "description": "Prometheus HTTP service discovery: one target per node"}})
 async def metrics_http_sd(request: Request, d: DaemonDep):
-    """One scrape target per node, so every GPU series carries `instance` = the node."""
-    host = request.headers.get("host") or request.url.netloc
-    return Response(d.metrics.http_sd(host, request.url.scheme), media_type=SD_CONTENT_TYPE)
+    """One scrape target per node, so every GPU series carries `instance` = the node. The agents
+    report their GPUs to the leader alone, so a standby's targets are at the leader's address
+    (when it listens on a definite one): Prometheus pointed at either daemon scrapes the leader."""
+    host, scheme = request.headers.get("host") or request.url.netloc, request.url.scheme
+    lead = d.leadership
+    if lead.postgres and not lead.leading:
+        leader = urlsplit((await asyncio.to_thread(lead.leader)).get("url") or "")
+        if leader.hostname and not ip_address_unspecified(leader.hostname):
+            host, scheme = leader.netloc, leader.scheme
+    return Response(d.metrics.http_sd(host, scheme), media_type=SD_CONTENT_TYPE)
+
+
+def ip_address_unspecified(host: str) -> bool:
+    """0.0.0.0 or ::, which a daemon listening on every interface advertises."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False  # a host name
 
 
 @router.get("/metrics/nodes/{name}", response_class=Response,
