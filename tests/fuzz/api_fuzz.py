@@ -26,11 +26,15 @@ ADMIN_EXCLUDES = ["--exclude-path-regex", r"^/v1/nodes(/import)?$", "--exclude-p
 
 
 def run_schemathesis(url: str, token: str, max_examples: int, seed: int, admin: bool,
-                     workers: int = 1, timeout: float = 3600) -> subprocess.CompletedProcess:
+                     workers: int = 1, timeout: float = 3600,
+                     request_timeout: float = 30) -> subprocess.CompletedProcess:
+    """`st run` against the daemon at `url`. A request answered in more than `request_timeout`
+    seconds fails the run; a server-sent event stream (`GET /v1/events?stream=true`) is read for
+    that long in all and then cut (Schemathesis stops a stream after 20 events or its timeout)."""
     cmd = [ST, "run", f"{url}/openapi.json", "--checks", "all",
            "--exclude-checks", "positive_data_acceptance",
            "-H", f"Authorization: Bearer {token}", "-n", str(max_examples), "--seed", str(seed),
-           "--workers", str(workers), "--no-color", "--request-timeout", "30"]
+           "--workers", str(workers), "--no-color", "--request-timeout", str(request_timeout)]
     if admin:
         cmd += ADMIN_EXCLUDES
     env = {**os.environ, "SCHEMATHESIS_HOOKS": ""}
