@@ -130,6 +130,34 @@ def test_the_compressed_listing_on_a_leader_a_standby_and_an_empty_cluster(daemo
         empty.engine.dispose()
 
 
+# the listing's pieces put together, with and without ISA-L (a platform without its wheel)
+JOIN_CHECK = """
+import sys, gzip, zlib
+if sys.argv[1] == "zlib":
+    sys.modules["isal"] = None  # as if isal were not installed
+from scheduler.daemon import views
+parts = [b"[", b'{"name": "n1", "gpus": [1, 2, 3]}' * 200, b",", b'{"x": 1}', b"]"]
+pieces = [views.deflate_piece(p) for p in parts]
+crc = 0
+for p in parts:
+    crc = zlib.crc32(p, crc)
+joined = views.gzip_joined(pieces, crc, sum(map(len, parts)))
+assert gzip.decompress(joined) == b"".join(parts)
+assert gzip.decompress(views.gzip_bytes(b"x" * 5000)) == b"x" * 5000
+print(views._deflate.__name__)
+"""
+
+
+@pytest.mark.parametrize("engine, module", [("isal", "isal.isal_zlib"), ("zlib", "zlib")])
+def test_compressed_pieces_join_into_one_gzip_member_with_isal_and_without(engine, module):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", JOIN_CHECK, engine], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == module
+
+
 @pytest.mark.parametrize("header, gz", [
     ("gzip, deflate", True), ("gzip, deflate, br, zstd", True), ("GZIP", True), ("x-gzip", True),
     ("br;q=1.0, gzip;q=0.8, *;q=0.1", True), ("*", True), ("gzip;q=0", False), ("gzip;q=0.0, *", False),
