@@ -72,15 +72,18 @@ def test_prometheus_pointed_at_the_standby_scrapes_the_leaders_gpus(pair):
     from scheduler.models import Node
 
     leader, standby = pair
-    engine = create_engine(leader.db)  # a node registered (no agent: none runs here); the standby reads it
+    # a node registered before the leader lists anything (no agent: none runs here)
+    engine = create_engine(leader.db)
     with Session(engine) as s:
         s.add(Node(name="gpu-a1", address="192.0.2.10", state="UP", gpus_total=8, gpu_indices=list(range(8))))
         s.commit()
     engine.dispose()
     wait_for(lambda: health(standby).get("leader"), 10, what="standby names the leader")
-    sd = httpx.get(f"{standby.url}/metrics/http_sd", timeout=5).json()
-    assert sd == [{"targets": [f"127.0.0.1:{leader.port}"],
-                   "labels": {"instance": "gpu-a1", "__metrics_path__": "/metrics/nodes/gpu-a1", "__scheme__": "http"}}]
+    # both daemons name the same targets (Prometheus given both scrapes each once), at the leader
+    for d in (standby, leader):
+        sd = httpx.get(f"{d.url}/metrics/http_sd", headers={"Host": "ty.example.internal:80"}, timeout=5).json()
+        assert sd == [{"targets": [f"127.0.0.1:{leader.port}"], "labels": {
+            "instance": "gpu-a1", "__metrics_path__": "/metrics/nodes/gpu-a1", "__scheme__": "http"}}], d.url
     assert leader.port != standby.port
     # the standby answers a scrape of its own too (no GPU telemetry there: no GPU samples)
     r = httpx.get(f"{standby.url}/metrics/nodes/gpu-a1", timeout=5)

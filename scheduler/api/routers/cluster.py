@@ -62,12 +62,14 @@ async def metrics(d: DaemonDep):
                              "description": "Prometheus HTTP service discovery: one target per node"}})
 async def metrics_http_sd(request: Request, d: DaemonDep):
     """One scrape target per node, so every GPU series carries `instance` = the node. The agents
-    report their GPUs to the leader alone, so a standby's targets are at the leader's address
-    (when it listens on a definite one): Prometheus pointed at either daemon scrapes the leader."""
+    report their GPUs to the leader alone, so on PostgreSQL the targets are at the leader's
+    advertised address (when it listens on a definite one), whichever daemon is asked: given
+    both daemons, Prometheus finds the same targets twice and scrapes each once, at the leader."""
     host, scheme = request.headers.get("host") or request.url.netloc, request.url.scheme
     lead = d.leadership
-    if lead.postgres and not lead.leading:
-        leader = urlsplit((await asyncio.to_thread(lead.leader)).get("url") or "")
+    if lead.postgres:
+        url = d.url if lead.leading else (await asyncio.to_thread(lead.leader)).get("url")
+        leader = urlsplit(url or "")
         if leader.hostname and not ip_address_unspecified(leader.hostname):
             host, scheme = leader.netloc, leader.scheme
     return Response(d.metrics.http_sd(host, scheme), media_type=SD_CONTENT_TYPE)
