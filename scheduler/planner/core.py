@@ -107,7 +107,7 @@ class _Pass:
         self.rules: dict[str, QueueRules] = {}
         self.releases: Releases | None = None
         self.started: list[tuple[float, tuple, bool]] = []  # (end, allocation, exclusive)
-        self.quota = QuotaBook(policy, snapshot.running, self.team_of) if policy.teams else None
+        self.quota = QuotaBook(policy, snapshot.running, self.team_of, snapshot.pending) if policy.teams else None
         self.victims: VictimIndex | None = None
         self.claimed: set[int] = set()
         self.preemptors = 0
@@ -384,7 +384,7 @@ class _Pass:
                     for name, g in allocation:
                         self.releases.add(end, ((name, g),), False, state)
                 if self.quota is not None:
-                    self.quota.add(team, gpus)
+                    self.quota.add(team, gpus, job.id)
                 self.started_jobs.append(job)
                 if self._singletons is not None:
                     self._singletons.add((job.user, job.name))

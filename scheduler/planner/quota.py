@@ -5,6 +5,12 @@ the team may use and a lendable part that goes into its cohort's pool. A team us
 for whatever it runs beyond its guaranteed part; it may go beyond its nominal quota
 (borrow) up to its borrowing limit while the pool has room. A team asking for GPUs within
 its nominal quota always gets them: if borrowers hold them, they are reclaimed by preemption.
+
+Jobs within their team's nominal quota go before jobs that borrow (Kueue orders a cycle's heads
+so): a job may borrow only what the pool has beyond what the other teams' pending jobs ask for
+within their own nominal quotas. Otherwise the GPUs a reclaim frees would go back to the borrower
+that comes first in the order (the requeued victim itself, submitted before the job it made room
+for), and the reclaim would preempt again, losing a borrower's work each time.
 """
 
 from __future__ import annotations
@@ -33,8 +39,16 @@ class QuotaBook:
     """GPU usage per team during one planner pass, checked against the configured quotas."""
 
     def __init__(self, policy: PolicyConfig, running: Iterable[JobView],
-                 team_of: Callable[[JobView], str]):
+                 team_of: Callable[[JobView], str], pending: Iterable[JobView] = ()):
         self.teams = policy.teams
+        self.team_of = team_of
+        self.pending = pending
+        # GPUs and ids of the pending jobs that may ask for quota, by team (built when a job
+        # first borrows in the pass); the jobs started in the pass; what each cohort's teams ask
+        # for of the pool within their nominal quotas, until a start or a preemption there
+        self._asks: dict[str, list[tuple[int, int]]] | None = None
+        self._started: set[int] = set()
+        self._asked: dict[str, dict[str, int]] = {}
         self.usage: dict[str, int] = {}
         for job in running:
             if job.preempted_at is None:  # a job being preempted gives its quota back now
@@ -81,6 +95,15 @@ class QuotaBook:
                 f"+ borrowing limit {borrow_limit}",
             )
         over = self.pool_used(t.cohort, team, gpus) - self.pool_size(t.cohort)
+        if over <= 0 and after > nominal:
+            kept = {name: g for name, g in self.asked_of(t.cohort).items() if name != team}
+            if over + sum(kept.values()) > 0:
+                whose = ", ".join(f"team {name} {g}" for name, g in sorted(kept.items()))
+                return Admission(
+                    False,
+                    f"cohort {t.cohort} keeps {sum(kept.values())} GPUs for pending jobs within their "
+                    f"teams' nominal quotas ({whose}); team {team} uses {used} of its {nominal} nominal GPUs",
+                )
         if over <= 0:
             return Admission(True)
         if after <= nominal:
@@ -105,5 +128,36 @@ class QuotaBook:
             return 0
         return max(0, self.usage.get(team, 0) - t.nominal_gpus)
 
-    def add(self, team: str, gpus: int) -> None:
+    def asked_of(self, cohort: str) -> dict[str, int]:
+        """GPUs of the cohort's pool that each team's pending jobs ask for within its nominal
+        quota: not held, without a dependency, not started in this pass, each no bigger than
+        what is left of the quota (a bigger one borrows itself), in all at most what is left."""
+        asked = self._asked.get(cohort)
+        if asked is not None:
+            return asked
+        if self._asks is None:
+            self._asks = {}
+            for job in self.pending:
+                if not job.held and not job.dependency:
+                    self._asks.setdefault(self.team_of(job), []).append((job_gpus(job), job.id))
+        asked = self._asked[cohort] = {}
+        for t in self.cohorts[cohort]:
+            used = self.usage.get(t.name, 0)
+            left = (t.nominal_gpus or 0) - used
+            if left <= 0:
+                continue
+            ask = min(left, sum(g for g, jid in self._asks.get(t.name, ()) if g <= left and jid not in self._started))
+            guaranteed = (t.nominal_gpus or 0) - self.lendable(t)
+            part = max(0, used + ask - guaranteed) - max(0, used - guaranteed)  # what comes from the pool
+            if part > 0:
+                asked[t.name] = part
+        return asked
+
+    def add(self, team: str, gpus: int, started: int | None = None) -> None:
+        """`gpus` more (a start: the job's id as `started`) or fewer (a preemption) for `team`."""
         self.usage[team] = self.usage.get(team, 0) + gpus
+        if started is not None:
+            self._started.add(started)
+        cohort = self.cohort_of(team)
+        if cohort is not None:
+            self._asked.pop(cohort, None)

@@ -128,3 +128,32 @@ def test_las_runs_the_least_served_job_first():
                job(2, gpus=8, submit_time=10.0)]
     d = plan(snap([node("n1")], pending), 100.0, policy)
     assert started(d) == [2]
+
+
+def test_gpus_a_reclaim_freed_go_to_the_reclaiming_team_not_back_to_the_borrower():
+    """Kueue's order: a job within its team's nominal quota goes before one that borrows. The
+    victim a reclaim preempted comes back PENDING and older than the job it made room for;
+    taking its GPUs again would only make the reclaim preempt again (each time losing the work
+    of a borrowing job), so the borrower waits while the lender asks for its own."""
+    run = [running(10, {"n1": 8}, start=0.0, account="speech"),
+           running(11, {"n2": 4}, start=0.0, account="speech"),
+           running(12, [("n2", (4, 5, 6, 7))], start=500.0, gpus=4, account="speech")]
+    lender = job(1, gpus=4, account="vision", submit_time=900.0)
+    d = plan(snap(NODES, [lender], run), 1000.0, cohort_policy())
+    assert [p.job_id for p in d.preempts] == [12]
+    # job 12 left after its grace period and was requeued: pending again, submitted before job 1
+    victim = job(12, gpus=4, account="speech", submit_time=400.0)
+    d = plan(snap(NODES, [victim, lender], run[:2]), 1070.0, cohort_policy())
+    assert started(d) == [1] and d.preempts == []
+    w = wait_of(d, 12)
+    assert w.reason == "AssocGrpGRES" and "team vision" in w.detail and "nominal" in w.detail
+
+
+def test_a_borrower_still_borrows_what_the_lenders_pending_jobs_do_not_ask_for():
+    run = [running(10, {"n1": 8}, start=0.0, account="speech")]
+    pending = [job(2, gpus=4, account="speech", submit_time=1.0), job(3, gpus=2, account="speech", submit_time=2.0),
+               job(1, gpus=2, account="vision", submit_time=3.0),
+               job(4, gpus=4, account="vision", submit_time=4.0, held=True)]  # held: asks for nothing yet
+    d = plan(snap(NODES, pending, run), 10.0, cohort_policy())
+    # vision asks for 2 of its 8: speech may borrow the other 6 (4 + 2)
+    assert sorted(started(d)) == [1, 2, 3]

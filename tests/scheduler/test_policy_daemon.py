@@ -1,5 +1,7 @@
 """The daemon schedules with the policy from its config file, through the API, on real sshd nodes."""
 
+import time
+
 import pytest
 
 from tests.conftest import add_sshd_node, wait_for, wait_job
@@ -109,3 +111,44 @@ def test_unknown_queue_in_config_is_a_usage_error(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=30,
                        env={"HOME": str(tmp_path), "TRAINYARD_HOME": str(tmp_path / "s"), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "prority" in r.stderr
+
+
+COHORT = """
+[scheduler]
+policy = "backfill"
+grace_period = 1
+
+[teams.vision]
+nominal_gpus = 4
+cohort = "lab"
+users = ["alice"]
+
+[teams.speech]
+nominal_gpus = 4
+cohort = "lab"
+users = ["bob"]
+"""
+
+
+def test_a_reclaim_preempts_one_borrower_once_and_the_lender_gets_the_gpus(daemon_factory, sshd_factory):
+    """speech borrows vision's 4 GPUs; vision asks for them: one of speech's jobs is preempted,
+    once, and requeued; vision's job runs on what it freed while the victim waits for quota, instead
+    of the victim (submitted first) taking them back and the reclaim preempting again."""
+    d = daemon_factory(extra_config=COHORT)
+    for i in (1, 2):
+        add_sshd_node(d, sshd_factory(f"n{i}", d.public_key))
+    c = d.client()  # alice: team vision
+    bob = d.client(c.create_token("bob", "user")["token"])
+    borrowed = [bob.submit({"command": ["sleep", "120"], "gpus": 4}) for _ in range(2)]
+    for j in borrowed:
+        wait_job(c, j["id"], "RUNNING")
+    mine = c.submit({"command": ["sleep", "120"], "gpus": 4})
+    wait_job(c, mine["id"], "RUNNING", timeout=30)
+    victim = wait_for(lambda: next((j for j in (c.job(b["id"]) for b in borrowed)
+                                    if j["state"] == "PENDING" and j["reason"] == "AssocGrpGRES"), None),
+                      15, what="the requeued victim waits for quota")
+    assert "team vision" in victim["reason_detail"] and "nominal" in victim["reason_detail"]
+    time.sleep(4)  # four grace periods: a second reclaim would have happened by now
+    preempts = [e for e in c.events(limit=2000) if e["action"] == "job.preempt"]
+    assert len(preempts) == 1 and preempts[0]["target"] == str(victim["id"])
+    assert c.job(mine["id"])["state"] == "RUNNING" and c.job(victim["id"])["state"] == "PENDING"
