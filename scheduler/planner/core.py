@@ -107,7 +107,10 @@ class _Pass:
         self.rules: dict[str, QueueRules] = {}
         self.releases: Releases | None = None
         self.started: list[tuple[float, tuple, bool]] = []  # (end, allocation, exclusive)
-        self.quota = QuotaBook(policy, snapshot.running, self.team_of, snapshot.pending) if policy.teams else None
+        # what the teams' pending jobs ask for is read only if a job would borrow (QuotaBook.asked_of);
+        # a stopped queue's jobs ask for nothing
+        self.quota = QuotaBook(policy, snapshot.running, self.team_of, (
+            j for j in snapshot.pending if self.queue_rules(j.queue).open)) if policy.teams else None
         self.victims: VictimIndex | None = None
         self.claimed: set[int] = set()
         self.preemptors = 0

@@ -130,7 +130,8 @@ class QuotaBook:
 
     def asked_of(self, cohort: str) -> dict[str, int]:
         """GPUs of the cohort's pool that each team's pending jobs ask for within its nominal
-        quota: not held, without a dependency, not started in this pass, each no bigger than
+        quota: not held, without a dependency, not started in this pass (`pending` leaves out the
+        stopped queues' jobs), each no bigger than
         what is left of the quota (a bigger one borrows itself), in all at most what is left."""
         asked = self._asked.get(cohort)
         if asked is not None:

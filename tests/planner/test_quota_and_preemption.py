@@ -157,3 +157,17 @@ def test_a_borrower_still_borrows_what_the_lenders_pending_jobs_do_not_ask_for()
     d = plan(snap(NODES, pending, run), 10.0, cohort_policy())
     # vision asks for 2 of its 8: speech may borrow the other 6 (4 + 2)
     assert sorted(started(d)) == [1, 2, 3]
+
+
+def test_a_stopped_queues_jobs_leave_the_pool_to_borrowers():
+    from scheduler.planner import QueueView
+
+    run = [running(10, {"n1": 8}, start=0.0, account="speech")]
+    pending = [job(2, gpus=8, account="speech", submit_time=1.0),
+               job(1, gpus=8, account="vision", queue="frozen", submit_time=0.5)]
+    stopped = {"default": QueueView("default"), "frozen": QueueView("frozen", open=False)}
+    d = plan(snap(NODES, pending, run, queues=stopped), 10.0, cohort_policy())
+    assert started(d) == [2] and reason(d, 1) == "PartitionInactive"  # Slurm's word for a stopped queue
+    opened = {"default": QueueView("default"), "frozen": QueueView("frozen")}
+    d = plan(snap(NODES, pending, run, queues=opened), 10.0, cohort_policy())
+    assert started(d) == [1] and reason(d, 2) == "AssocGrpGRES"
