@@ -1,5 +1,7 @@
 """Team quotas with borrowing and lending (Kueue cohorts), and preemption that wastes least."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from planner_helpers import job, node, reason, running, snap, started, wait_of
 
 from scheduler.planner import PolicyConfig, QueuePolicy, TeamQuota, plan
@@ -171,3 +173,42 @@ def test_a_stopped_queues_jobs_leave_the_pool_to_borrowers():
     opened = {"default": QueueView("default"), "frozen": QueueView("frozen")}
     d = plan(snap(NODES, pending, run, queues=opened), 10.0, cohort_policy())
     assert started(d) == [1] and reason(d, 2) == "AssocGrpGRES"
+
+
+@st.composite
+def reclaims(draw):
+    """A cluster of 8-GPU nodes that one team (speech) fills, borrowing from the other (vision);
+    vision's job within its nominal quota; more of speech's jobs waiting, older than it."""
+    n_nodes = draw(st.integers(2, 4))
+    total = 8 * n_nodes
+    lent = draw(st.integers(1, total - 1))  # vision's nominal quota; speech's is the rest
+    teams = {"vision": TeamQuota("vision", nominal_gpus=lent, cohort="c"),
+             "speech": TeamQuota("speech", nominal_gpus=total - lent, cohort="c")}
+    run, jid = [], 100
+    for i in range(n_nodes):
+        used = 0
+        while used < 8:
+            g = draw(st.sampled_from([g for g in (1, 2, 4, 8) if g <= 8 - used]))
+            run.append(running(jid, [(f"n{i}", tuple(range(used, used + g)))], gpus=g,
+                               start=draw(st.floats(0, 900)), account="speech", submit_time=0.0))
+            used, jid = used + g, jid + 1
+    lender = job(1, gpus=draw(st.sampled_from([g for g in (1, 2, 4, 8) if g <= lent])), account="vision",
+                 submit_time=950.0)
+    more = [job(200 + k, gpus=draw(st.sampled_from([1, 2, 4, 8])), account="speech",
+                submit_time=draw(st.floats(0, 949))) for k in range(draw(st.integers(0, 6)))]
+    return [node(f"n{i}") for i in range(n_nodes)], run, lender, more, PolicyConfig(teams=teams)
+
+
+@settings(max_examples=200, deadline=None)
+@given(reclaims())
+def test_a_reclaim_preempts_once_and_its_job_starts_when_the_victims_leave(w):
+    """Whatever the sizes: the lender's job preempts borrowers once; when they have left (and are
+    back in the queue, older than it) it starts, and nothing is preempted again."""
+    nodes, run, lender, more, policy = w
+    d = plan(snap(nodes, [lender, *more], run), 1000.0, policy)
+    victims = {p.job_id for p in d.preempts}
+    assert victims and all(p.for_job == 1 for p in d.preempts) and lender.id not in started(d)
+    left = [r for r in run if r.id not in victims]
+    requeued = [job(r.id, gpus=r.gpus, account="speech", submit_time=r.submit_time) for r in run if r.id in victims]
+    d = plan(snap(nodes, [*requeued, lender, *more], left), 1000.0 + 61, policy)
+    assert lender.id in started(d) and d.preempts == []
