@@ -152,6 +152,51 @@ def test_a_deposed_leader_cannot_commit_and_leaves_office(pair):
     assert Client(third.url, third.token).jobs(all=True) == []  # neither fenced write left a job behind
 
 
+def test_a_standby_that_loses_the_database_does_not_lead_and_says_why(postgres_url, tmp_path):
+    """The standby logs in as a role of its own; that role is locked out of the server and its
+    sessions ended. It stays a standby that names the reason, even once the leader is gone; when
+    it may log in again, it leads."""
+    import psycopg
+
+    url = fresh_pg_db(postgres_url, f"ty_ha_lost_{os.getpid()}")
+    role = f"ty_standby_{os.getpid()}"
+    admin = url.rsplit("/", 1)[0] + "/postgres"
+
+    def sql(statement: str) -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(statement)
+
+    sql(f'DROP ROLE IF EXISTS "{role}"')
+    sql(f'CREATE ROLE "{role}" LOGIN SUPERUSER')
+    leader = DaemonProc(tmp_path, db=url).start()
+    standby = None
+    try:
+        wait_for(lambda: health(leader)["role"] == "leader", 15, what="the first daemon leads")
+        netloc = url.split("://", 1)[1].split("@", 1)[-1]
+        standby = DaemonProc(tmp_path, db=f"postgresql://{role}@{netloc}")
+        standby.log = tmp_path / "standby.log"
+        standby.start()
+        wait_for(lambda: health(standby)["role"] == "standby", 10, what="the second stands by")
+        sql(f'ALTER ROLE "{role}" NOLOGIN')
+        sql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'")
+        leader.kill9()  # the lock is free: a standby that could reach the database would take it
+        h = wait_for(lambda: "cannot reach the database" in ((x := health(standby)).get("reason") or "") and x,
+                     15, what="the standby says it cannot reach the database")
+        assert h["role"] == "standby" and h["leader"] is None
+        time.sleep(3)  # three of its campaign's polls: still not leading
+        h = health(standby)
+        assert h["role"] == "standby" and "cannot reach the database" in h["reason"]
+        sql(f'ALTER ROLE "{role}" LOGIN')
+        wait_for(lambda: health(standby)["role"] == "leader", 15, what="it leads once it reaches the database")
+        assert "Traceback" not in standby.log.read_text()
+    finally:
+        for d in (leader, standby):
+            if d is not None:
+                d.stop()
+        sql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'")
+        sql(f'DROP ROLE IF EXISTS "{role}"')
+
+
 def test_a_second_daemon_on_one_sqlite_file_is_refused(tmp_path):
     first = DaemonProc(tmp_path).start()
     try:
