@@ -50,10 +50,13 @@ class QuotaBook:
         self._started: set[int] = set()
         self._asked: dict[str, dict[str, int]] = {}
         self.usage: dict[str, int] = {}
+        self._array_running: dict[int, int] = {}  # running tasks by array (for their % limit)
         for job in running:
             if job.preempted_at is None:  # a job being preempted gives its quota back now
                 t = team_of(job)
                 self.usage[t] = self.usage.get(t, 0) + job_gpus(job)
+            if job.array_parent is not None:
+                self._array_running[job.array_parent] = self._array_running.get(job.array_parent, 0) + 1
         self.cohorts: dict[str, list[TeamQuota]] = {}
         for t in self.teams.values():
             if t.nominal_gpus is not None and t.cohort:
@@ -131,16 +134,26 @@ class QuotaBook:
     def asked_of(self, cohort: str) -> dict[str, int]:
         """GPUs of the cohort's pool that each team's pending jobs ask for within its nominal
         quota: not held, without a dependency, not started in this pass (`pending` leaves out the
-        stopped queues' jobs), each no bigger than
+        stopped queues' jobs), of an array with a limit (`%N`) only as many tasks as may run
+        beside its running ones, each no bigger than
         what is left of the quota (a bigger one borrows itself), in all at most what is left."""
         asked = self._asked.get(cohort)
         if asked is not None:
             return asked
         if self._asks is None:
             self._asks = {}
+            may_start: dict[int, int] = {}  # tasks an array's limit lets start, by array
             for job in self.pending:
-                if not job.held and not job.dependency:
-                    self._asks.setdefault(self.team_of(job), []).append((job_gpus(job), job.id))
+                if job.held or job.dependency:
+                    continue
+                if job.array_limit and job.array_parent is not None:
+                    n = may_start.get(job.array_parent)
+                    if n is None:
+                        n = job.array_limit - self._array_running.get(job.array_parent, 0)
+                    may_start[job.array_parent] = n - 1
+                    if n <= 0:
+                        continue
+                self._asks.setdefault(self.team_of(job), []).append((job_gpus(job), job.id))
         asked = self._asked[cohort] = {}
         for t in self.cohorts[cohort]:
             used = self.usage.get(t.name, 0)

@@ -212,3 +212,17 @@ def test_a_reclaim_preempts_once_and_its_job_starts_when_the_victims_leave(w):
     requeued = [job(r.id, gpus=r.gpus, account="speech", submit_time=r.submit_time) for r in run if r.id in victims]
     d = plan(snap(nodes, [*requeued, lender, *more], left), 1000.0 + 61, policy)
     assert lender.id in started(d) and d.preempts == []
+
+
+def test_an_array_asks_for_no_more_tasks_than_its_limit_lets_run():
+    # vision's array of 1-GPU tasks, at most 2 at once (%2), one of them running: it asks for 1
+    # more GPU of its 8, so speech may borrow the other 6
+    run = [running(10, {"n1": 8}, start=0.0, account="speech"),
+           running(20, {"n2": 1}, start=0.0, account="vision", array_parent=19, array_limit=2)]
+    tasks = [job(21 + k, gpus=1, account="vision", array_parent=19, array_limit=2, submit_time=1.0)
+             for k in range(50)]
+    borrowers = [job(2, gpus=4, account="speech", submit_time=0.5), job(3, gpus=2, account="speech", submit_time=0.6),
+                 job(4, gpus=1, account="speech", submit_time=0.7)]
+    d = plan(snap(NODES, [*borrowers, *tasks], run), 10.0, cohort_policy())
+    assert sorted(started(d)) == [2, 3, 21]
+    assert reason(d, 4) == "AssocGrpGRES"  # the 7th GPU would leave none for the task that may run
