@@ -46,7 +46,7 @@ from .reconcile import Reconciler
 from .registries import Registries, load_credentials
 from .retention import Retention
 from .scheduling import SchedulingCycle
-from .state import NodeTableCache, StateStore
+from .state import StateStore, TableCache
 from .steps import EVENTS as STEP_EVENTS
 from .steps import StepRelay
 from .tokens import Tokens
@@ -170,7 +170,7 @@ class Daemon:
         self._tasks: list[asyncio.Task] = []
         self._office: list[asyncio.Task] = []  # what only the leader runs
         self._node_parts: dict[str, _NodePart] = {}  # node -> its rendered part: nodes_listing
-        self._node_rows_seen: NodeTableCache[list] = NodeTableCache(self.store)  # every node's row
+        self._node_rows_seen: TableCache[list] = TableCache(self.store, "node")  # every node's row
         self._running = False
 
     # ---------------------------------------------------------------- lifecycle

@@ -22,7 +22,7 @@ from .errors import Conflict, DomainError, Forbidden, NotFound
 from .lifecycle import JobLifecycle, signal_spec
 from .links import NodeLinks
 from .prediction import prediction_json
-from .state import NodeTableCache, StateStore, jobs_and_tasks
+from .state import StateStore, TableCache, jobs_and_tasks
 from .views import job_json
 
 ACTIONS = ("cancel", "hold", "release", "requeue")
@@ -138,10 +138,10 @@ class JobService:
         self.wake = wake
         self._group: list[tuple[Caller, JobRequest, asyncio.Future]] = []  # submit_grouped's
         # what every submission checks against, kept until a transaction writes a queue or a
-        # node (or the daemon takes office: StateStore.forget_cached): (StateStore.queues_version,
-        # {name: row}); GPUs per node, and the largest node's (GPUs, name)
-        self._queues: tuple[int, dict] = (-1, {})
-        self._sizes: NodeTableCache[tuple[list[int], tuple | None]] = NodeTableCache(store)
+        # node (or the daemon takes office): the queues' rows by name; GPUs per node, and the
+        # largest node's (GPUs, name)
+        self._queues: TableCache[dict] = TableCache(store, "queue")
+        self._sizes: TableCache[tuple[list[int], tuple | None]] = TableCache(store, "node")
 
     # ---------------------------------------------------------------- reads
     def get(self, caller: Caller, job_id: int) -> dict[str, Any]:
@@ -317,12 +317,10 @@ class JobService:
         """A queue (name and time limits) by its name or one of its partition aliases."""
         # rows, not ORM objects, read once per change of the queue table: this runs on every
         # submission
-        if self._queues[0] != self.store.queues_version:
-            t = Queue.__table__
-            rows = s.connection().execute(
-                sa_select(t.c.name, t.c.default_time_limit_s, t.c.max_time_limit_s)).all()
-            self._queues = (self.store.queues_version, {r.name: r for r in rows})
-        queue = self._queues[1].get(self.aliases.get(name, name))
+        t = Queue.__table__
+        queues = self._queues.get(lambda: {r.name: r for r in s.connection().execute(
+            sa_select(t.c.name, t.c.default_time_limit_s, t.c.max_time_limit_s)).all()})
+        queue = queues.get(self.aliases.get(name, name))
         if queue is None:
             names = ", ".join(q.name for q in s.exec(select(Queue).order_by(Queue.name)).all())
             aliases = ", ".join(f"{a} (= {q})" for a, q in sorted(self.aliases.items()))

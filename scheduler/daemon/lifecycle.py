@@ -16,7 +16,7 @@ from ..models import Job, Node
 from ..planner import PolicyConfig, UsageLedger
 from .clock import Clock
 from .links import NodeLinks
-from .state import NodeTableCache, StateStore
+from .state import StateStore, TableCache
 
 
 def job_key(job: Job) -> str:
@@ -187,7 +187,7 @@ class JobLifecycle:
         self.wake = wake
         self.rank_exits: dict[int, dict[str, RankExit]] = {}
         self.deadlines = Deadlines(store)
-        self._draining_names: NodeTableCache[frozenset[str]] = NodeTableCache(store)  # DRAINING nodes
+        self._draining_names: TableCache[frozenset[str]] = TableCache(store, "node")  # DRAINING nodes
 
     def forget_cached(self) -> None:
         """On taking office: another daemon may have changed jobs meanwhile (the node caches

@@ -15,7 +15,7 @@ from .clock import Clock
 from .links import NodeLinks
 from .overview import Overview
 from .scheduling import _N, _T, view_rows
-from .state import NodeTableCache, StateStore
+from .state import StateStore, TableCache
 
 
 class MetricsReadModel:
@@ -27,7 +27,7 @@ class MetricsReadModel:
         self.finished_team_gpu_s: dict[str, float] = {}
         self.live_usage = lambda: None  # the leader's in-memory GPUs by node (Overview.usage)
         self.leading = lambda: False  # the leader keeps active jobs' allocations in memory (StateStore.active)
-        self._infos: NodeTableCache[dict[str, NodeInfo]] = NodeTableCache(store)  # every node's, by name
+        self._infos: TableCache[dict[str, NodeInfo]] = TableCache(store, "node")  # every node's, by name
 
     def job_counts(self) -> Iterable[tuple[str, str, int]]:
         with self.store.read() as s:

@@ -36,7 +36,7 @@ from .gpuhealth import HealthMonitor
 from .lifecycle import JobLifecycle
 from .links import NodeLinks
 from .prediction import planning_runtime
-from .state import NodeTableCache, StateStore
+from .state import StateStore, TableCache
 
 log = logging.getLogger("trainyard.daemon")
 BEGIN_TIME = "BeginTime"  # Slurm's reason for a job whose --begin has not come
@@ -283,7 +283,7 @@ class SchedulingCycle:
         self._active_dirty: dict[int, JobView | None] = {}
         self._dependent: dict[int, JobView] = {}  # the pending views with a dependency, by id
         self._full_read_at = 0.0
-        self._node_rows: NodeTableCache[list] = NodeTableCache(store)  # the planner's columns of every node
+        self._node_rows: TableCache[list] = TableCache(store, "node")  # the planner's columns of every node
         self._waits_due = 0.0  # when a long backlog's reasons are written again
         self._estimates_due = 0.0  # when a shorter backlog's estimated starts are written again
         self._reasons_due = 0.0  # when a middling backlog's reasons are written again

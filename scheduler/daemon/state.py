@@ -119,17 +119,17 @@ class ActiveIndex:
         return len(self.nodes_of)
 
 
-class NodeTableCache(Generic[T]):
-    """A value derived from the node table, computed again only after a committed transaction of
-    this process wrote a node (StateStore.nodes_version) or it took office. Valid where this
-    daemon's writes are the only ones, the leader; a standby asks with `fresh=True`."""
+class TableCache(Generic[T]):
+    """A value derived from a table ("node" or "queue"), computed again only after a committed
+    transaction of this process wrote that table (StateStore.versions) or it took office. Valid
+    where this daemon's writes are the only ones, the leader; a standby asks with `fresh=True`."""
 
-    def __init__(self, store: StateStore) -> None:
-        self.store = store
+    def __init__(self, store: StateStore, table: str) -> None:
+        self.versions, self.table = store.versions, table
         self._seen: tuple[int, T] | None = None
 
     def get(self, compute: Callable[[], T], fresh: bool = False) -> T:
-        version = self.store.nodes_version
+        version = self.versions[self.table]
         if fresh:
             self._seen = None
             return compute()
@@ -139,7 +139,7 @@ class NodeTableCache(Generic[T]):
 
     @property
     def version(self) -> int:
-        """The node table's version the value was computed at (-1: none yet)."""
+        """The table's version the value was computed at (-1: none yet)."""
         return -1 if self._seen is None else self._seen[0]
 
     def forget(self) -> None:
@@ -175,10 +175,9 @@ class StateStore:
         self.changed_jobs: set[int] = set()
         # the same, for the second reader: the deadlines of time limits and kills (Deadlines)
         self.deadline_changes: set[int] = set()
-        # bumped by every committed transaction that wrote a node (a queue): what caches of
-        # those rows compare
-        self.nodes_version = 0
-        self.queues_version = 0
+        # per table, bumped by every committed transaction that wrote it: what the caches of
+        # its rows compare (TableCache)
+        self.versions: dict[str, int] = {"node": 0, "queue": 0}
         # jobs in final states by (state, queue), kept from the committed state changes while
         # `keeps_counts()` (the leader: a standby does not see the leader's commits, and counts
         # in the database); None until first asked for (job_counts)
@@ -194,10 +193,10 @@ class StateStore:
 
     def forget_cached(self) -> None:
         """On taking office: another daemon may have written nodes, queues and final states
-        meanwhile, which this process's versions did not see. Every NodeTableCache (and whatever
-        compares `queues_version`) computes again; final states are counted again."""
-        self.nodes_version += 1
-        self.queues_version += 1
+        meanwhile, which this process's versions did not see. Every TableCache computes again;
+        final states are counted again."""
+        for table in self.versions:
+            self.versions[table] += 1
         self.forget_counts()
 
     @contextlib.contextmanager
@@ -225,10 +224,9 @@ class StateStore:
             s.close()
         self.changed_jobs |= touched
         self.deadline_changes |= touched
-        if "node" in tables:
-            self.nodes_version += 1
-        if "queue" in tables:
-            self.queues_version += 1
+        for table in tables:
+            if table in self.versions:
+                self.versions[table] += 1
         for fn in after:
             try:
                 fn()

@@ -15,6 +15,7 @@ for), and the reclaim would preempt again, losing a borrower's work each time.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -42,7 +43,7 @@ class QuotaBook:
                  team_of: Callable[[JobView], str], pending: Iterable[JobView] = ()):
         self.teams = policy.teams
         self.team_of = team_of
-        self.pending = pending
+        self.running, self.pending = running, pending
         # GPUs and ids of the pending jobs that may ask for quota, by team (built when a job
         # first borrows in the pass); the jobs started in the pass; what each cohort's teams ask
         # for of the pool within their nominal quotas, until a start or a preemption there
@@ -50,13 +51,10 @@ class QuotaBook:
         self._started: set[int] = set()
         self._asked: dict[str, dict[str, int]] = {}
         self.usage: dict[str, int] = {}
-        self._array_running: dict[int, int] = {}  # running tasks by array (for their % limit)
         for job in running:
             if job.preempted_at is None:  # a job being preempted gives its quota back now
                 t = team_of(job)
                 self.usage[t] = self.usage.get(t, 0) + job_gpus(job)
-            if job.array_parent is not None:
-                self._array_running[job.array_parent] = self._array_running.get(job.array_parent, 0) + 1
         self.cohorts: dict[str, list[TeamQuota]] = {}
         for t in self.teams.values():
             if t.nominal_gpus is not None and t.cohort:
@@ -135,21 +133,24 @@ class QuotaBook:
         """GPUs of the cohort's pool that each team's pending jobs ask for within its nominal
         quota: not held, without a dependency, not started in this pass (`pending` leaves out the
         stopped queues' jobs), of an array with a limit (`%N`) only as many tasks as may run
-        beside its running ones, each no bigger than
-        what is left of the quota (a bigger one borrows itself), in all at most what is left."""
+        beside its running ones, each no bigger than what is left of the quota (a bigger one
+        borrows itself), in all at most what is left."""
         asked = self._asked.get(cohort)
         if asked is not None:
             return asked
         if self._asks is None:
             self._asks = {}
-            may_start: dict[int, int] = {}  # tasks an array's limit lets start, by array
+            # tasks an array's limit lets start, by array: its limit less its tasks running when
+            # the pass began (those started since are in _started)
+            may_start: dict[int, int] = {}
+            array_running = Counter(j.array_parent for j in self.running if j.array_parent is not None)
             for job in self.pending:
                 if job.held or job.dependency:
                     continue
                 if job.array_limit and job.array_parent is not None:
                     n = may_start.get(job.array_parent)
                     if n is None:
-                        n = job.array_limit - self._array_running.get(job.array_parent, 0)
+                        n = job.array_limit - array_running[job.array_parent]
                     may_start[job.array_parent] = n - 1
                     if n <= 0:
                         continue
