@@ -10,11 +10,12 @@ from textual.message import Message
 class Fetched(Message):
     """A data source answered: `source` is cluster, nodes, jobs, queues, events or me."""
 
-    def __init__(self, source: str, data: Any, at: float) -> None:
+    def __init__(self, source: str, data: Any, at: float, took: float = 0.0) -> None:
         super().__init__()
         self.source = source
         self.data = data
         self.at = at
+        self.took = took  # seconds the fetch took (the request and its decoding)
 
 
 class FetchFailed(Message):

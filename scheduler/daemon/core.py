@@ -7,9 +7,11 @@ import contextlib
 import getpass
 import logging
 import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncssh
 from sqlalchemy import select as sa_select
@@ -52,6 +54,7 @@ from .steps import StepRelay
 from .tokens import Tokens
 from .views import deflate_piece, gzip_bytes, gzip_joined, json_bytes, node_json
 
+T = TypeVar("T")
 log = logging.getLogger("trainyard.daemon")
 
 
@@ -155,6 +158,8 @@ class Daemon:
         self.autoscaler.check()  # a pool that is not AWS in the stack: refused at start
         self.cycle.refine_reason = self.autoscaler.pending_reason
         self._logs_expire_at = 0.0
+        # long reads of committed state (a page of thousands of jobs, a day's sacct) run here
+        self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reads")
         self.retention = Retention(self.store, tables.accounting.purge_jobs_after_days,
                                    tables.accounting.purge_events_after_days,
                                    10 * self.policy.fairshare_half_life_s)
@@ -281,6 +286,15 @@ class Daemon:
         await self.logstore.stop()
         await self.links.stop_all()
 
+    async def read_off_loop(self, fn: Callable[[], T]) -> T:
+        """`fn()` on the read threads, not on the event loop: a read of committed state that
+        touches nothing the loop changes. A page of 2,000 jobs takes 0.16 s to read and encode;
+        on the loop, every submission, agent message and other request waited that out (a
+        submitter's p99 went from 37 to 296 ms while one TUI watched the jobs of a busy
+        cluster). Off it, the loop keeps its turns (the interpreter switches threads every 5 ms,
+        and SQLite and PostgreSQL read without the interpreter's lock)."""
+        return await asyncio.get_running_loop().run_in_executor(self._reads, fn)
+
     async def stop(self) -> None:
         self._running = False
         for t in self._tasks:
@@ -295,6 +309,7 @@ class Daemon:
         await self.notifications.stop()
         self.accounting.idle.flush(self.clock.time())
         self.store.close_streams()
+        await asyncio.to_thread(self._reads.shutdown)  # the reads in flight end first
         self.engine.dispose()
 
     def close_streams(self) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import insert, union_all, update
+from sqlalchemy import case, insert, literal, union_all, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, select
 
@@ -23,7 +23,7 @@ from .lifecycle import JobLifecycle, signal_spec
 from .links import NodeLinks
 from .prediction import prediction_json
 from .state import StateStore, TableCache, jobs_and_tasks
-from .views import job_json
+from .views import LISTED_COLUMNS, job_json
 
 ACTIONS = ("cancel", "hold", "release", "requeue")
 # built once (see scheduling.py's statements): one job, or a group's jobs with their ids in order
@@ -95,6 +95,12 @@ def _limit_text(seconds: int | None) -> str:
     return "UNLIMITED" if seconds is None else f"{seconds}s"
 
 
+# a listing's columns (LISTED_COLUMNS): a page of 2,000 jobs read every column, the scripts'
+# text included, to show 55 of 78 and whether each job has a script
+_LISTED = (*(Job.__table__.c[name] for name in LISTED_COLUMNS),
+           case((Job.__table__.c.script.is_not(None), literal(True))).label("script"))
+
+
 def listing_query(f: JobFilter):
     """`GET /v1/jobs`: plain rows (a listing of thousands need not build ORM objects), in id
     order (newest first with `all`), at most `f.limit`. A page of a state reads that state's
@@ -119,7 +125,7 @@ def listing_query(f: JobFilter):
         where.append(t.state == next(iter(f.states)))
     elif not f.all:
         where.append(t.state.in_(sorted(m.ACTIVE_STATES | m.WAITING_STATES)))
-    return sa_select(Job.__table__).where(*where).order_by(order).limit(f.limit)
+    return sa_select(*_LISTED).where(*where).order_by(order).limit(f.limit)
 
 
 class JobService:

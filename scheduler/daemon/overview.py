@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import select as sa_select
@@ -83,18 +85,26 @@ class Overview:
             return out
 
     def teams(self) -> list[dict[str, Any]]:
-        """Per team: quota, GPUs in use, decayed fair-share usage, pending and running jobs."""
+        """Per team: quota, GPUs in use, decayed fair-share usage, pending and running jobs.
+
+        The running jobs are read one by one (their GPUs and usage), the waiting ones counted by
+        the database per user and account (what decides their team): a TUI asks this on every
+        refresh, and 8,000 waiting jobs read as rows held the event loop 0.4 s each time."""
         policy = self.policy
         with self.store.read() as s:
-            rows = view_rows(s, VIEW_COLUMNS, _T.state.in_(m.ACTIVE_STATES | m.WAITING_STATES))
-        views = [(r._mapping["state"], job_view(r)) for r in rows]
-        running = [v for st, v in views if st in m.ACTIVE_STATES]
+            running = [job_view(r) for r in view_rows(s, VIEW_COLUMNS, _T.state.in_(m.ACTIVE_STATES))]
+            waiting = s.connection().execute(
+                sa_select(_T.user, _T.account, func.count()).where(_T.state.in_(m.WAITING_STATES))
+                .group_by(_T.user, _T.account)).all()
         usage = self.ledger.decayed(self.clock.time(), running, policy.team_of)
-        names = set(policy.teams) | {policy.team_of(v) for _, v in views} | {"default"}
+        pending: Counter[str] = Counter()
+        for user, account, n in waiting:
+            pending[policy.team_of(SimpleNamespace(user=user, account=account))] += n
+        names = set(policy.teams) | {policy.team_of(v) for v in running} | set(pending) | {"default"}
         out = []
         for name in sorted(names):
             quota = policy.teams.get(name)
-            mine = [(st, v) for st, v in views if policy.team_of(v) == name]
+            mine = [v for v in running if policy.team_of(v) == name]
             out.append({
                 "name": name, "cohort": quota.cohort if quota else None,
                 "nominal_gpus": quota.nominal_gpus if quota else None,
@@ -102,9 +112,9 @@ class Overview:
                 "lending_limit_gpus": quota.lending_limit_gpus if quota else None,
                 "fairshare_shares": quota.fairshare if quota else 1.0,
                 "users": list(quota.users) if quota else [],
-                "gpus_used": sum(v.gpus * len(v.allocation) for st, v in mine if st in m.ACTIVE_STATES),
-                "running": sum(st in m.ACTIVE_STATES for st, _ in mine),
-                "pending": sum(st in m.WAITING_STATES for st, _ in mine),
+                "gpus_used": sum(v.gpus * len(v.allocation) for v in mine),
+                "running": len(mine),
+                "pending": pending[name],
                 "usage_gpu_hours": round(usage.get(f"team:{name}", 0.0) / 3600, 3),
             })
         return out

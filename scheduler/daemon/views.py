@@ -77,6 +77,22 @@ def accepts_gzip(accept_encoding: str | None) -> bool:
     return False
 
 
+# What job_json and prediction_json read of a job: a listing selects these columns, with
+# `script` as whether the job has one (not the script's text), and not the columns only a
+# node's launch or the history read (tests/scheduler/test_jobs_listing_columns.py holds them
+# to job_json).
+LISTED_COLUMNS = (
+    "id", "name", "user", "queue", "state", "reason", "reason_detail", "held", "command", "gpus",
+    "gpu_type", "nodes", "cpus", "mem_mb", "time_limit_s", "priority", "retries", "failures",
+    "attempt", "preemptions", "dependency", "array_parent", "array_task_id", "constraint",
+    "exclusive", "nice", "account", "env", "workdir", "submit_time", "start_time", "end_time",
+    "exit_code", "estimated_start", "allocation", "ntasks", "ntasks_per_node", "cpus_per_task",
+    "features", "nodelist", "exclude", "output", "error", "signal", "requeue", "begin_time", "qos",
+    "comment", "mail_type", "mail_user", "recorded", "image", "image_digest", "container_mounts",
+    "batch_step", "predicted_runtime_s", "prediction_basis", "prediction_confident",
+)
+
+
 def job_json(j, viewer: Caller | None = None) -> dict[str, Any]:
     """One job; another user's environment shows its names but not their values."""
     env = dict(j.env or {})

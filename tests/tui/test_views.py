@@ -419,3 +419,41 @@ async def test_queues_view_says_why_each_queue_waits(backend):
         mine = sum(1 for j in pending if j["queue"] == queue)
         row = next(line for line in text.splitlines() if f" {queue} " in line)
         assert f"AssocGrpGRES {mine}" in row
+
+
+async def test_a_slow_source_is_fetched_again_no_sooner_than_pace_times_its_fetch():
+    """On a busy cluster every job event marks the jobs stale: a source whose fetch takes long
+    (a page of thousands of jobs) is fetched again only PACE times that long after its answer,
+    not 0.2 s after each, so one open TUI cannot keep the daemon busy with it."""
+    import time
+
+    from tui.refresh import PACE
+
+    backend = FakeBackend()
+    took = 0.25
+    jobs = backend.jobs
+
+    def slow_jobs(*args, **kwargs):
+        time.sleep(took)
+        return jobs(*args, **kwargs)
+
+    backend.jobs = slow_jobs
+    app = make_app(backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        starts: list[float] = []
+        fetch = app.fetch
+
+        def timed(source: str) -> None:
+            if source == "jobs":
+                starts.append(time.monotonic())
+            fetch(source)
+
+        app.fetch = timed
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 4.0:  # a job event every 50 ms, as a busy cluster sends
+            app.soon("jobs")
+            await pilot.pause(0.05)
+        assert len(starts) >= 2, "the events brought no fetch of the jobs at all"
+        gaps = [b - a for a, b in zip(starts, starts[1:])]
+        assert min(gaps) >= took * (1 + PACE) * 0.95, gaps

@@ -10,7 +10,7 @@ from ... import models as m
 from ...daemon import Invalid
 from ..deps import DaemonDep, Who
 from ..errors import responses
-from .common import Json
+from .common import AcceptEncoding, Json, listing
 from .jobs import JobIds, job_ids
 
 router = APIRouter(prefix="/v1/accounting", tags=["accounting"])
@@ -22,16 +22,18 @@ async def accounting_jobs(d: DaemonDep, who: Who, start: Epoch = None, end: Epoc
                           user: Annotated[str | None, Query(max_length=64)] = None,
                           state: Annotated[str | None, Query(max_length=400)] = None,
                           limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000,
-                          ids: JobIds = None):
+                          ids: JobIds = None, accept_encoding: AcceptEncoding = None):
     """Jobs that existed in [start, end) (default: the last 24 hours), oldest first, with what
     sacct shows; users see their own, operators anybody's. With `ids`, at any time unless
-    `start` is given (sacct -j)."""
+    `start` is given (sacct -j). Gzip-compressed for a client that asks for it."""
     states = frozenset(x.strip().upper() for x in (state or "").split(",") if x.strip())
     bad = states - set(m.JOB_STATES)
     if bad:
         raise Invalid(f"state: unknown job state {sorted(bad)[0]!r}; one of {', '.join(m.JOB_STATES)}",
                       "state")
-    return Json(d.accounting.jobs(who, start, end, user, states, limit, job_ids(ids)))
+    wanted = job_ids(ids)
+    return await d.read_off_loop(
+        lambda: listing(d.accounting.jobs(who, start, end, user, states, limit, wanted), accept_encoding))
 
 
 @router.get("/report", responses=responses(403))

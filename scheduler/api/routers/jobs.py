@@ -67,8 +67,8 @@ async def list_jobs(d: DaemonDep, who: Who, all: bool = False,
             storable(value, name)
         except ValueError as e:
             raise Invalid(str(e), name) from None
-    return listing(d.jobs.list(who, JobFilter(all=all, states=frozenset(states), user=user, queue=queue,
-                                              limit=limit, ids=job_ids(ids))), accept_encoding)
+    f = JobFilter(all=all, states=frozenset(states), user=user, queue=queue, limit=limit, ids=job_ids(ids))
+    return await d.read_off_loop(lambda: listing(d.jobs.list(who, f), accept_encoding))
 
 
 @router.post("", status_code=201, response_model=JobRead, responses=responses(403, 404, 409))
