@@ -7,6 +7,7 @@ row would (SQLite and PostgreSQL)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 
@@ -22,7 +23,7 @@ from scheduler.daemon.caller import Caller
 from scheduler.daemon.jobs import JobFilter
 from scheduler.daemon.prediction import prediction_json
 from scheduler.daemon.views import job_json
-from scheduler.models import Job
+from scheduler.models import Event, Job
 from scheduler.settings import Settings
 from tests.conftest import leading_daemon
 
@@ -142,3 +143,54 @@ def test_a_submission_is_answered_while_a_page_of_jobs_is_being_read(daemon, mon
     sub, page = asyncio.run(scenario())
     assert sub.status_code == 201, sub.text
     assert page.status_code == 200 and sub.json()["id"] in {j["id"] for j in page.json()}
+
+
+def test_an_event_committed_while_a_stream_s_backlog_is_read_is_sent_once(daemon, monkeypatch):
+    """A stream's backlog is read off the event loop, so commits go on meanwhile: the stream is
+    subscribed before the read, and an event committed during it is sent, once."""
+    reading, release = threading.Event(), threading.Event()
+    read = daemon.overview.events
+
+    def held_events(since, limit):
+        got = read(since, limit)  # the backlog as of now; the commit below comes after it
+        reading.set()
+        assert release.wait(10), "the test never let the read go on"
+        return got
+
+    monkeypatch.setattr(daemon.overview, "events", held_events)
+    token = daemon.create_token("root", "admin", "test")
+    with daemon.store.read() as s:
+        since = max([e.id for e in s.exec(select(Event)).all()] or [0])
+    app = create_app(daemon)
+    body: list[bytes] = []
+
+    async def receive():
+        await asyncio.sleep(3600)  # the client sends nothing more and stays
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            body.append(message.get("body", b""))
+
+    async def scenario():
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+                 "scheme": "http", "path": "/v1/events", "raw_path": b"/v1/events", "root_path": "",
+                 "query_string": f"since={since}&stream=true".encode(), "client": ("127.0.0.1", 1),
+                 "server": ("127.0.0.1", 80), "headers": [(b"authorization", f"Bearer {token}".encode())]}
+        call = asyncio.create_task(app(scope, receive, send))
+        while not reading.is_set():
+            await asyncio.sleep(0.01)
+        with daemon.store.tx() as s:
+            daemon.store.record(s, "root", "test.during", "the-read", {})
+        release.set()
+        for _ in range(500):
+            if b"test.during" in b"".join(body):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # a second copy would have followed by now
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+
+    asyncio.run(scenario())
+    assert b"".join(body).count(b"event: test.during\n") == 1

@@ -45,10 +45,16 @@ async def events(request: Request, d: DaemonDep, who: Who,
     resume = _last_event_id(last_event_id)
     if resume is not None:
         since = resume
-    backlog = d.overview.events(since, limit)
-    if not wants_stream:
-        return Json(backlog)
+    if not wants_stream:  # up to 10,000 events: read on the read threads, not the event loop
+        return await d.read_off_loop(lambda: Json(d.overview.events(since, limit)))
+    # subscribed before the backlog is read (off the loop: events are committed meanwhile), so
+    # nothing committed during the read is missed; what is in both goes out once (by id)
     queue = d.store.subscribe()
+    try:
+        backlog = await d.read_off_loop(lambda: d.overview.events(since, limit))
+    except BaseException:
+        d.store.unsubscribe(queue)
+        raise
 
     async def gen():
         seen = since or 0
