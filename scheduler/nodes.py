@@ -183,6 +183,28 @@ def pinned_host_keys(known_hosts: str) -> asyncssh.SSHKnownHosts | str:
     return was[1]
 
 
+# key path -> (the file's bytes, its key pair as loaded): see client_keys
+_client_keys: dict[str, tuple[bytes, list]] = {}
+
+
+def client_keys(key_path: str) -> list:
+    """The daemon's SSH key pair, parsed again only when the key file's bytes changed. Given a
+    path, asyncssh reads and parses the key, and looks for its public key and certificate
+    beside it, at every handshake: 0.36 ms a connection here, a thirtieth of a 1,000-node
+    takeover's CPU. As with the pinned host keys, the bytes are read and compared each time,
+    so a key replaced in place is the one the next handshake uses; a certificate added beside
+    an unchanged key is read after the daemon's restart."""
+    try:
+        data = Path(key_path).read_bytes()
+    except OSError:
+        return [key_path]  # absent or unreadable: asyncssh says so, as it always has
+    was = _client_keys.get(key_path)
+    if was is None or was[0] != data:
+        was = (data, asyncssh.load_keypairs([key_path]))
+        _client_keys[key_path] = was
+    return was[1]
+
+
 def pin_host_key(known_hosts: Path, address: str, port: int, key: asyncssh.SSHKey) -> None:
     known_hosts.parent.mkdir(parents=True, exist_ok=True)
     line = f"{host_pattern(address, port)} {key.export_public_key().decode().strip()}\n"
@@ -243,7 +265,7 @@ async def connect(target: SshTarget, settings: SshSettings) -> asyncssh.SSHClien
     try:
         return await asyncssh.connect(
             target.address, target.port, username=target.user, encryption_algs=encryption_algs(),
-            client_keys=[target.key_path], known_hosts=known_hosts,
+            client_keys=client_keys(target.key_path), known_hosts=known_hosts,
             connect_timeout=settings.connect_timeout_s,
             keepalive_interval=settings.keepalive_interval_s,
             keepalive_count_max=settings.keepalive_count_max,

@@ -181,3 +181,36 @@ def test_an_edit_of_the_pinned_host_keys_counts_at_the_next_handshake(node_facto
     assert refused.startswith("host key verification failed") and refused_again == refused
     assert connected == connected_again == "connected"
     assert unreadable.startswith(f"cannot read the pinned host keys in {known}")
+
+
+def test_a_replaced_client_key_is_the_one_the_next_handshake_uses(node_factory, client_key, base):
+    # the daemon loads its key once per change of the file, not once per connection
+    node = node_factory("rekeyed")
+    known = base / "known_hosts-rekeyed"
+    pub = (node.host_key.parent / (node.host_key.name + ".pub")).read_text().split()
+    known.write_text(f"[127.0.0.1]:{node.port} {pub[0]} {pub[1]}\n")
+    key = base / "daemon-key-rekeyed"
+    authorized = client_key.read_bytes()
+    stranger = asyncssh.generate_private_key("ssh-ed25519").export_private_key()
+
+    async def handshake() -> str:
+        try:
+            conn = await connect(SshTarget(node.name, "127.0.0.1", node.port, "root", str(key)),
+                                 SshSettings(str(known), connect_timeout_s=5))
+        except NodeError as e:
+            return str(e)
+        conn.close()
+        await conn.wait_closed()
+        return "connected"
+
+    async def sequence() -> list[str]:
+        seen = []
+        for data in (authorized, stranger, authorized):
+            key.write_bytes(data)  # in place: the same file, the same size
+            key.chmod(0o600)
+            seen.append(await handshake())
+        return seen
+
+    first, refused, again = asyncio.run(sequence())
+    assert first == again == "connected"
+    assert refused != "connected" and "denied" in refused.lower(), refused
