@@ -126,8 +126,10 @@ class TrainyardApp(RefreshMixin, App):
                 header.show(self.state, now)
 
     def data_changed(self, source: str) -> None:
-        """A source answered (or failed): redraw what shows it; hidden views redraw when shown."""
-        self._show_headers()
+        """A source answered (or failed): redraw what shows it; hidden views redraw when shown.
+        The header shows nothing of the events (a busy cluster streams dozens a second)."""
+        if source != "events":
+            self._show_headers()
         now = self.now()
         for kind, sources in VIEW_SOURCES.items():
             if source in sources:

@@ -457,3 +457,24 @@ async def test_a_slow_source_is_fetched_again_no_sooner_than_pace_times_its_fetc
         assert len(starts) >= 2, "the events brought no fetch of the jobs at all"
         gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
         assert min(gaps) >= took * (1 + PACE) * 0.95, gaps
+
+
+async def test_the_header_is_redrawn_only_when_what_it_shows_changes(backend):
+    """Sources answer several times a second on a busy cluster, and the stream brings dozens of
+    events: the header's text is built each time, drawn only when it differs."""
+    from tui.components.views import ClusterHeader
+
+    app = make_app(backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        header = app.screen.query_one(ClusterHeader)
+        drawn = []
+        update = header.update
+        header.update = lambda text: (drawn.append(text.plain), update(text))[1]
+        app.data_changed("events")
+        app.data_changed("nodes")
+        app.data_changed("cluster")
+        assert drawn == []  # nothing it shows changed
+        backend.drain_node("gpu-03", "fan failure")
+        await refetch(pilot, "cluster")
+        assert len(drawn) == 1 and "3/4 up" in drawn[0], drawn

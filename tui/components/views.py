@@ -39,6 +39,8 @@ class Verbs:
 class ClusterHeader(Static):
     """Cluster name, who you are, whether the data is live, and the totals."""
 
+    shown: Text | None = None  # what it shows: redrawn only when that changes
+
     def show(self, state: ClusterState, now: float) -> None:
         c = state.cluster
         text = Text()
@@ -79,7 +81,9 @@ class ClusterHeader(Static):
         error = next(iter(state.errors.values()), None)
         if error:
             text.append(f"   {error}", style="red")
-        self.update(text)
+        if text != self.shown:  # a busy cluster's sources answer several times a second
+            self.shown = text
+            self.update(text)
 
 
 class ResourceView(Verbs, Vertical):
