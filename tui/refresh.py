@@ -21,9 +21,9 @@ SOURCES = ("me", "cluster", "nodes", "jobs", "queues", "events")
 AFFECTS = {"job": ("jobs", "cluster", "queues", "nodes"), "node": ("nodes", "cluster")}
 SOON = 0.2  # seconds: coalesces a burst of events into one fetch per source
 # A source is fetched again no sooner than PACE times its last fetch took: on a busy cluster
-# every job event marks the jobs stale, and a page of 2,000 jobs takes the daemon ~0.16 s to
-# read and encode; fetched again 0.2 s after each answer, one open TUI kept a daemon's core
-# busy a third of the time with that one source. Paced, one TUI asks for at most a fifth of
+# every job event marks the jobs stale, and a page of 2,000 jobs takes the daemon ~0.15 s to
+# read and encode; fetched again 0.2 s after each answer, one open TUI asked for that page 1-1.5
+# times a second (tests/bench/bench_tui_busy.py). Paced, one TUI asks for at most a fifth of
 # the daemon's time per source, however busy the cluster and however long its pages.
 PACE = 4.0
 BACKOFF_MAX = 10.0

@@ -288,11 +288,11 @@ class Daemon:
 
     async def read_off_loop(self, fn: Callable[[], T]) -> T:
         """`fn()` on the read threads, not on the event loop: a read of committed state that
-        touches nothing the loop changes. A page of 2,000 jobs takes 0.16 s to read and encode;
-        on the loop, every submission, agent message and other request waited that out (a
-        submitter's p99 went from 37 to 296 ms while one TUI watched the jobs of a busy
-        cluster). Off it, the loop keeps its turns (the interpreter switches threads every 5 ms,
-        and SQLite and PostgreSQL read without the interpreter's lock)."""
+        touches nothing the loop changes. A page of 2,000 jobs takes about 0.15 s to read and
+        encode; on the loop, every submission, agent message and other request waited that out
+        (a script polling that page on a busy demo took a submitter's p99 to 265-460 ms;
+        tests/bench/bench_tui_busy.py). Off it, the loop keeps its turns: SQLite and PostgreSQL
+        read without the interpreter's lock, and the interpreter switches threads every 5 ms."""
         return await asyncio.get_running_loop().run_in_executor(self._reads, fn)
 
     async def stop(self) -> None:

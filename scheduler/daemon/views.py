@@ -79,8 +79,8 @@ def accepts_gzip(accept_encoding: str | None) -> bool:
 
 # What job_json and prediction_json read of a job: a listing selects these columns, with
 # `script` as whether the job has one (not the script's text), and not the columns only a
-# node's launch or the history read (tests/scheduler/test_jobs_listing_columns.py holds them
-# to job_json).
+# node's launch or the history read (tests/scheduler/test_busy_reads.py holds them to
+# job_json).
 LISTED_COLUMNS = (
     "id", "name", "user", "queue", "state", "reason", "reason_detail", "held", "command", "gpus",
     "gpu_type", "nodes", "cpus", "mem_mb", "time_limit_s", "priority", "retries", "failures",
