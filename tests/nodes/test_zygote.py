@@ -311,6 +311,9 @@ def test_the_spare_supervisor_waits_holding_nothing_and_ends_with_its_zygote(tmp
     zygote.start()
     warm = job_dir(tmp_path, "warm", ["true"])
     assert zygote.launch(warm) is None
+    # once the warm job ended: until its supervisor has entered the job's directory, it too
+    # looks like a spare (in "/", its pipe already closed)
+    wait_for(lambda: os.path.exists(os.path.join(warm, "rc")), what="the warm job to end")
     (spare,) = wait_for(lambda: spares(zygote.pid), what="a spare supervisor")
     assert int(stat_of(spare)[3]) == spare  # it leads its own session
     fds = {int(fd): os.readlink(f"/proc/{spare}/fd/{fd}") for fd in os.listdir(f"/proc/{spare}/fd")}

@@ -57,11 +57,12 @@ def test_a_victim_learns_its_deadline_and_gets_its_signal_before_sigkill(policy_
     c = policy_cluster.client(admin.create_token("carl", "user")["token"])  # in no team: no quota
     # the victim checkpoints on USR1 (its --signal) and records when SIGKILL will come
     save = ('trap \'echo "checkpoint before $(cat $TRAINYARD_PREEMPT_DEADLINE_FILE)"; exit 0\' USR1; '
-            'while :; do sleep 0.1; done')
+            'echo armed; while :; do sleep 0.1; done')
     lows = [c.submit({"command": ["bash", "-c", save], "gpus": 4, "queue": "low", "signal": "USR1@5"})
             for _ in range(2)]
-    for j in lows:
+    for j in lows:  # RUNNING once started; the trap is set once it says so
         wait_job(c, j["id"], "RUNNING")
+        wait_for(lambda j=j: "armed" in c.log(j["id"], attempt=0)[0], 20, what="the trap set")
     high = c.submit({"command": ["sleep", "30"], "gpus": 4, "queue": "high"})
     wait_job(c, high["id"], "RUNNING", timeout=20)
     victim = next(j for j in lows if c.job(j["id"])["attempt"] == 1)
@@ -70,7 +71,9 @@ def test_a_victim_learns_its_deadline_and_gets_its_signal_before_sigkill(policy_
     assert signals and signals[-1]["detail"]["sig"] == "USR1"
     deadline = round(signals[-1]["detail"]["deadline"])
     # every process of the job gets the signal (as in Slurm without B:), the shell runs its trap
-    assert c.log(victim["id"], attempt=0)[0].strip().splitlines()[-1] == f"checkpoint before {deadline}"
+    said = wait_for(lambda: "checkpoint" in (out := c.log(victim["id"], attempt=0)[0]) and out, 20,
+                    what="the trap's line in the victim's log")
+    assert said.strip().splitlines()[-1] == f"checkpoint before {deadline}"
 
 
 def test_team_quota_holds_jobs_back_with_quotalimit(policy_cluster):
