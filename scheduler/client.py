@@ -107,18 +107,31 @@ def check_token(token: object, source: str = "token") -> None:
                           "as `trainyard token create` prints it")
 
 
+def _retry_after(r: httpx.Response) -> float | None:
+    """The seconds a 429's Retry-After asks for (the daemon sends whole seconds), or None."""
+    try:
+        wait = float(r.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return wait if 0 <= wait <= 3600 else None
+
+
 class Client:
     """The API client. Given several daemon URLs it follows the leader: a standby's 503
     (Retry-After) or a daemon that does not answer sends the call to the next URL, for up to
-    `failover_s` seconds; a request that may have reached a daemon is retried only if it is a read."""
+    `failover_s` seconds; a request that may have reached a daemon is retried only if it is a read.
+    A read refused because its user has used their share of the daemon's reads (429) is asked
+    again after the Retry-After the daemon gives, for up to `throttle_wait_s` seconds."""
 
-    def __init__(self, url: str, token: str, timeout: float = 10.0, failover_s: float = 15.0):
+    def __init__(self, url: str, token: str, timeout: float = 10.0, failover_s: float = 15.0,
+                 throttle_wait_s: float = 60.0):
         self.urls = [u.rstrip("/") for u in split_urls(url)]
         for one in self.urls:
             check_url(one)
         check_token(token)
         self.url = self.urls[0]
         self.failover_s = failover_s
+        self.throttle_wait_s = throttle_wait_s
         self._http = httpx.Client(
             base_url=self.url, timeout=timeout,
             headers={"Authorization": f"Bearer {token}", "User-Agent": "trainyard-client"},
@@ -140,6 +153,7 @@ class Client:
     def _request(self, method: str, path: str, **kw) -> httpx.Response:
         """One call, following the leader across `self.urls` (see the class docstring)."""
         deadline = time.monotonic() + (self.failover_s if len(self.urls) > 1 else 0)
+        patience = time.monotonic() + self.throttle_wait_s
         tried = 0
         while True:
             retry, error = False, None
@@ -147,6 +161,10 @@ class Client:
                 r = self._http.request(method, self.url + path, **kw)
                 if r.status_code == 503 and "retry-after" in r.headers and len(self.urls) > 1:
                     retry, error = True, ApiError(r.status_code, error_detail(r))
+                elif r.status_code == 429 and (wait := _retry_after(r)) is not None \
+                        and time.monotonic() + wait <= patience:
+                    time.sleep(wait)  # nothing was done: the same daemon is asked again
+                    continue
                 else:
                     return r
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never reached a daemon

@@ -128,6 +128,9 @@ class Metrics:
                                registry=self.registry)
         self.finished = Counter("trainyard_jobs_finished", "Job runs ended, by end state",
                                 ["state", "queue"], registry=self.registry)
+        self.reads_throttled = Counter(
+            "trainyard_api_reads_throttled", "Reads refused (429) to a user past their share of the read threads",
+            ["user"], registry=self.registry)
         self.schedule_cycle = Histogram(
             "trainyard_schedule_cycle_seconds", "Time of one scheduling cycle (snapshot, plan, commit)",
             buckets=LATENCY_BUCKETS, registry=self.registry)
@@ -151,6 +154,9 @@ class Metrics:
 
     def job_finished(self, state: str, queue: str) -> None:
         self.finished.labels(state, queue).inc()
+
+    def read_throttled(self, user: str) -> None:
+        self.reads_throttled.labels(user).inc()
 
     def on_job_state(self, job, old: str | None) -> None:
         """A job-state hook (after commit): counts runs that started and runs that ended."""

@@ -134,6 +134,10 @@ class DaemonSettings(_Table):
     kill_grace_s: Seconds = 10.0  # SIGTERM -> SIGKILL for cancel, timeout and preemption
     schedule_interval_s: PositiveSeconds = 1.0
     telemetry_interval_s: PositiveSeconds = 2.0
+    # each user's share of the daemon's read threads (job listings, sacct, event pages), in
+    # seconds of CPU per second; a user past it gets 429 with Retry-After. 0: no limit
+    read_share: float = Field(0.25, ge=0, le=64)
+    read_burst_s: PositiveSeconds = 1.0  # what a user may spend at once before the share applies
 
 
 class PriorityWeightsSettings(_Table):

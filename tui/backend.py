@@ -54,7 +54,10 @@ class HttpBackend:
         from scheduler import client as client_mod
 
         self._mod = client_mod
-        self.client = client_mod.Client(url, token, timeout=timeout)
+        # a read refused for the user's share of the daemon's reads (429) comes back at once, as
+        # an error the view shows: the fetch is re-armed with a back-off instead of a worker
+        # sleeping through Retry-After (it would hold the TUI's exit)
+        self.client = client_mod.Client(url, token, timeout=timeout, throttle_wait_s=0)
         self.url = url
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:

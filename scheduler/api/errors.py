@@ -13,7 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..daemon import DomainError
 
 STATUS = {"invalid": 422, "not_found": 404, "forbidden": 403, "conflict": 409, "unavailable": 503,
-          "not_leader": 503, "refused": 409}
+          "not_leader": 503, "refused": 409,
+          "throttled": 429}
 
 
 class ErrorBody(BaseModel):
@@ -26,6 +27,7 @@ class ErrorBody(BaseModel):
 _TEXT = {400: "Bad request", 401: "Missing or unknown bearer token", 403: "The role or ownership does not allow this",
          404: "No such job, node or token", 405: "Method not allowed", 409: "The target's state does not allow this",
          422: "A value cannot be used (the message names the field)",
+         429: "The caller has used their share of the daemon's reads for now (Retry-After)",
          503: "A node cannot be reached now, or this daemon stands by (Retry-After; the detail names "
               "the leader)"}
 
@@ -94,6 +96,8 @@ def install(app: FastAPI, on_refused) -> None:
         if status == 403:
             on_refused(request, status, str(exc))
         headers = {"Retry-After": "1"} if exc.kind == "not_leader" else None
+        if exc.kind == "throttled":
+            headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import getpass
 import logging
+import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,7 @@ from .notifications import Notifications
 from .overview import Overview
 from .prediction import RunTimePrediction
 from .ptys import PtyRelay
+from .readbudget import ReadBudget
 from .readmodel import MetricsReadModel
 from .reconcile import Reconciler
 from .registries import Registries, load_credentials
@@ -160,6 +162,8 @@ class Daemon:
         self._logs_expire_at = 0.0
         # long reads of committed state (a page of thousands of jobs, a day's sacct) run here
         self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reads")
+        self.read_budget = ReadBudget(config.read_share, config.read_burst_s,
+                                      self.metrics.read_throttled)
         self.retention = Retention(self.store, tables.accounting.purge_jobs_after_days,
                                    tables.accounting.purge_events_after_days,
                                    10 * self.policy.fairshare_half_life_s)
@@ -286,14 +290,33 @@ class Daemon:
         await self.logstore.stop()
         await self.links.stop_all()
 
-    async def read_off_loop(self, fn: Callable[[], T]) -> T:
+    async def read_off_loop(self, fn: Callable[[], T], who: Caller | None = None) -> T:
         """`fn()` on the read threads, not on the event loop: a read of committed state that
         touches nothing the loop changes. A page of 2,000 jobs takes about 0.15 s to read and
         encode; on the loop, every submission, agent message and other request waited that out
         (a script polling that page on a busy demo took a submitter's p99 to 265-460 ms;
         tests/bench/bench_tui_busy.py). Off it, the loop keeps its turns: SQLite and PostgreSQL
-        read without the interpreter's lock, and the interpreter switches threads every 5 ms."""
-        return await asyncio.get_running_loop().run_in_executor(self._reads, fn)
+        read without the interpreter's lock, and the interpreter switches threads every 5 ms.
+
+        With `who`, the read is charged to that user's share of the read threads (its CPU
+        time), and refused (Throttled) before it starts when the user has spent it."""
+        if who is None:
+            return await asyncio.get_running_loop().run_in_executor(self._reads, fn)
+        self.read_budget.admit(who.user)
+        took: list[float] = []
+
+        def timed() -> T:
+            t0 = time.thread_time()
+            try:
+                return fn()
+            finally:
+                took.append(time.thread_time() - t0)
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._reads, timed)
+        finally:
+            if took:
+                self.read_budget.charge(who.user, took[0])
 
     async def stop(self) -> None:
         self._running = False

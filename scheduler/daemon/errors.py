@@ -47,3 +47,13 @@ class NotLeader(Unavailable):
     """This daemon stands by; the leader acts (HTTP 503 with the leader's address)."""
 
     kind = "not_leader"
+
+
+class Throttled(DomainError):
+    """The caller has used their share of the daemon's reads for now (HTTP 429, Retry-After)."""
+
+    kind = "throttled"
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

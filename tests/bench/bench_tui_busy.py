@@ -4,7 +4,7 @@ client submits held jobs one after another (the submitter's latency). Measured f
 no TUI, then for a stretch with the TUI open on the jobs view (the real app, headless, on the
 daemon's real API through tui.backend.HttpBackend, with its event stream: every job event marks
 its sources stale), between them a stretch with a script that polls the 2,000-job listing back
-to back. Prints the daemon's CPU, the submissions' latency (taken in a process of their own)
+to back (as a user of its own, honouring the 429s of its share of the daemon's reads). Prints the daemon's CPU, the submissions' latency (taken in a process of their own)
 and how often the TUI fetched each source. The TUI runs on this machine's two cores as well:
 its own drawing competes with the daemon here, as it would not from an operator's laptop. Run:
     .venv/bin/python tests/bench/bench_tui_busy.py [SECONDS] [WAITING]
@@ -45,21 +45,32 @@ def submitter(url: str, token: str, seconds: float, rate: float = 20.0) -> None:
     print(json.dumps(latencies))
 
 
-def reader(url: str, token: str, stop: threading.Event, pages: list) -> None:
+def reader(url: str, token: str, stop: threading.Event, pages: list, refused: list) -> None:
     """A script that polls the job listing (2,000 rows a page) back to back, without decoding
-    it: the daemon's side of the listing at its most frequent."""
+    it: the daemon's side of the listing at its most frequent. Refused for its user's share of
+    the daemon's reads (429), it waits the Retry-After out, as trainyard's client does."""
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
         while not stop.is_set():
-            c.get("/v1/jobs", params={"limit": 2000}).raise_for_status()
+            r = c.get("/v1/jobs", params={"limit": 2000})
+            if r.status_code == 429:
+                refused.append(1)
+                stop.wait(float(r.headers["retry-after"]))
+                continue
+            r.raise_for_status()
             pages.append(1)
 
 
-def with_reader(url: str, token: str, pid: int, seconds: float) -> tuple[dict, int]:
-    stop, pages = threading.Event(), []
-    t = threading.Thread(target=reader, args=(url, token, stop, pages), daemon=True)
+def with_reader(url: str, token: str, pid: int, seconds: float) -> tuple[dict, int, int]:
+    """The reader runs as a user of its own ("poller"): the share of the reads is per user."""
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+        r = c.post("/v1/tokens", json={"user": "poller", "role": "user"})
+        r.raise_for_status()
+        own = r.json()["token"]
+    stop, pages, refused = threading.Event(), [], []
+    t = threading.Thread(target=reader, args=(url, own, stop, pages, refused), daemon=True)
     t.start()
     try:
-        return stretch(url, token, pid, seconds), len(pages)
+        return stretch(url, token, pid, seconds), len(pages), len(refused)
     finally:
         stop.set()
         t.join()
@@ -123,14 +134,15 @@ def main() -> None:
         keep_busy(url, token, waiting)
         time.sleep(3)
         base = stretch(url, token, proc.pid, seconds)
-        polled, pages = with_reader(url, token, proc.pid, seconds)
+        polled, pages, refused = with_reader(url, token, proc.pid, seconds)
         r, fetched, rows = asyncio.run(with_tui(url, token, proc.pid, seconds))
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
             left = c.get("/v1/cluster").json()["jobs_by_state"]
     print(f"4-node demo, {waiting:,} 0.5 s jobs queued for 32 GPUs (left at the end: {left}); "
           f"{seconds:.0f} s per stretch, terminal {SIZE[0]}x{SIZE[1]}")
     print(line("no TUI      ", base))
-    print(line("a reader    ", polled) + f"; the reader got {pages} pages of 2,000 jobs, one after another")
+    print(line("a reader    ", polled) + f"; the reader got {pages} pages of 2,000 jobs, one after another "
+          f"(refused {refused} times for its share of the reads, waiting out each Retry-After)")
     print(line("TUI on jobs ", r))
     print(f"the TUI's fetches in {seconds:.0f} s: "
           + ", ".join(f"{k} {v}" for k, v in sorted(fetched.items()))

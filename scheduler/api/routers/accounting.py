@@ -17,7 +17,7 @@ router = APIRouter(prefix="/v1/accounting", tags=["accounting"])
 Epoch = Annotated[float | None, Query(ge=0, le=1e11, description="seconds since the epoch")]
 
 
-@router.get("/jobs", responses=responses(403))
+@router.get("/jobs", responses=responses(403, 429))
 async def accounting_jobs(d: DaemonDep, who: Who, start: Epoch = None, end: Epoch = None,
                           user: Annotated[str | None, Query(max_length=64)] = None,
                           state: Annotated[str | None, Query(max_length=400)] = None,
@@ -33,7 +33,7 @@ async def accounting_jobs(d: DaemonDep, who: Who, start: Epoch = None, end: Epoc
                       "state")
     wanted = job_ids(ids)
     return await d.read_off_loop(
-        lambda: listing(d.accounting.jobs(who, start, end, user, states, limit, wanted), accept_encoding))
+        lambda: listing(d.accounting.jobs(who, start, end, user, states, limit, wanted), accept_encoding), who)
 
 
 @router.get("/report", responses=responses(403))

@@ -31,7 +31,7 @@ def _last_event_id(value: str | None) -> int | None:
 
 
 @router.get("/events", response_model=list[EventRead],
-            responses={**responses(), 200: {"description": "events; with `stream` or Accept: text/event-stream, "
+            responses={**responses(429), 200: {"description": "events; with `stream` or Accept: text/event-stream, "
                                             "a server-sent event stream",
                                             "content": {"text/event-stream": {}}}})
 async def events(request: Request, d: DaemonDep, who: Who,
@@ -46,12 +46,12 @@ async def events(request: Request, d: DaemonDep, who: Who,
     if resume is not None:
         since = resume
     if not wants_stream:  # up to 10,000 events: read on the read threads, not the event loop
-        return await d.read_off_loop(lambda: Json(d.overview.events(since, limit)))
+        return await d.read_off_loop(lambda: Json(d.overview.events(since, limit)), who)
     # subscribed before the backlog is read (off the loop: events are committed meanwhile), so
     # nothing committed during the read is missed; what is in both goes out once (by id)
     queue = d.store.subscribe()
     try:
-        backlog = await d.read_off_loop(lambda: d.overview.events(since, limit))
+        backlog = await d.read_off_loop(lambda: d.overview.events(since, limit), who)
     except BaseException:
         d.store.unsubscribe(queue)
         raise

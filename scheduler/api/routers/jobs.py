@@ -47,7 +47,7 @@ def job_ids(text: str | None) -> frozenset[int]:
     return wanted
 
 
-@router.get("", response_model=list[JobRead], responses=responses())
+@router.get("", response_model=list[JobRead], responses=responses(429))
 async def list_jobs(d: DaemonDep, who: Who, all: bool = False,
                     state: Annotated[list[Annotated[str, Query(pattern=STATES_RE)]] | None, Query()] = None,
                     user: Name = None, queue: Name = None,
@@ -68,7 +68,7 @@ async def list_jobs(d: DaemonDep, who: Who, all: bool = False,
         except ValueError as e:
             raise Invalid(str(e), name) from None
     f = JobFilter(all=all, states=frozenset(states), user=user, queue=queue, limit=limit, ids=job_ids(ids))
-    return await d.read_off_loop(lambda: listing(d.jobs.list(who, f), accept_encoding))
+    return await d.read_off_loop(lambda: listing(d.jobs.list(who, f), accept_encoding), who)
 
 
 @router.post("", status_code=201, response_model=JobRead, responses=responses(403, 404, 409))
