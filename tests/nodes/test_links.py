@@ -146,6 +146,19 @@ def test_links_run_aes_gcm_where_sshd_offers_it_and_what_a_stricter_sshd_allows(
     assert _ciphers(ctr, client_key, base) == ("aes256-ctr", "aes256-ctr")
 
 
+async def handshake(node, key, known) -> str:
+    """One connection to `node` as root with the private key file `key`, checking host keys
+    against `known`: "connected", or why not."""
+    try:
+        conn = await connect(SshTarget(node.name, "127.0.0.1", node.port, "root", str(key)),
+                             SshSettings(str(known), connect_timeout_s=5))
+    except NodeError as e:
+        return str(e)
+    conn.close()
+    await conn.wait_closed()
+    return "connected"
+
+
 def test_an_edit_of_the_pinned_host_keys_counts_at_the_next_handshake(node_factory, client_key, base):
     # the daemon parses its known_hosts once per change, not once per connection: a key
     # replaced by hand must still be the one checked next, even within the same instant
@@ -158,23 +171,13 @@ def test_an_edit_of_the_pinned_host_keys_counts_at_the_next_handshake(node_facto
     def pin(key) -> None:
         known.write_text(others + f"[127.0.0.1]:{node.port} {key[0]} {key[1]}\n")
 
-    async def handshake() -> str:
-        try:
-            conn = await connect(SshTarget(node.name, "127.0.0.1", node.port, "root", str(client_key)),
-                                 SshSettings(str(known), connect_timeout_s=5))
-        except NodeError as e:
-            return str(e)
-        conn.close()
-        await conn.wait_closed()
-        return "connected"
-
     async def sequence() -> list[str]:
         seen = []
         for key in (other, pub, other, pub):
             pin(key)  # same length each time: only the bytes differ
-            seen.append(await handshake())
+            seen.append(await handshake(node, client_key, known))
         known.write_bytes(b"\xff\xfe not text\n")
-        seen.append(await handshake())
+        seen.append(await handshake(node, client_key, known))
         return seen
 
     refused, connected, refused_again, connected_again, unreadable = asyncio.run(sequence())
@@ -193,22 +196,12 @@ def test_a_replaced_client_key_is_the_one_the_next_handshake_uses(node_factory, 
     authorized = client_key.read_bytes()
     stranger = asyncssh.generate_private_key("ssh-ed25519").export_private_key()
 
-    async def handshake() -> str:
-        try:
-            conn = await connect(SshTarget(node.name, "127.0.0.1", node.port, "root", str(key)),
-                                 SshSettings(str(known), connect_timeout_s=5))
-        except NodeError as e:
-            return str(e)
-        conn.close()
-        await conn.wait_closed()
-        return "connected"
-
     async def sequence() -> list[str]:
         seen = []
         for data in (authorized, stranger, authorized):
-            key.write_bytes(data)  # in place: the same file, the same size
+            key.write_bytes(data)  # in place: the same file (the two keys' files need not be one size)
             key.chmod(0o600)
-            seen.append(await handshake())
+            seen.append(await handshake(node, key, known))
         return seen
 
     first, refused, again = asyncio.run(sequence())
