@@ -138,6 +138,8 @@ class DaemonSettings(_Table):
     # seconds of CPU per second; a user past it gets 429 with Retry-After. 0: no limit
     read_share: float = Field(0.25, ge=0, le=64)
     read_burst_s: PositiveSeconds = 1.0  # what a user may spend at once before the share applies
+    # processes that build job listings beside the daemon's own (0: its read threads do it)
+    read_processes: int = Field(2, ge=0, le=64)
 
 
 class PriorityWeightsSettings(_Table):

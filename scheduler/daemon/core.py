@@ -10,6 +10,7 @@ import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
@@ -34,7 +35,7 @@ from .gpuhealth import HealthMonitor
 from .healthgate import GateConfig, HealthGate
 from .idle import IdlePolicy, IdleReclaimer
 from .inventory import Inventory
-from .jobs import JobService
+from .jobs import JobFilter, JobService
 from .leadership import Leadership
 from .lifecycle import JobLifecycle, RankExit
 from .links import NodeLinks, settled
@@ -45,6 +46,7 @@ from .overview import Overview
 from .prediction import RunTimePrediction
 from .ptys import PtyRelay
 from .readbudget import ReadBudget
+from .readers import ReaderProcesses, job_page
 from .readmodel import MetricsReadModel
 from .reconcile import Reconciler
 from .registries import Registries, load_credentials
@@ -54,7 +56,7 @@ from .state import StateStore, TableCache
 from .steps import EVENTS as STEP_EVENTS
 from .steps import StepRelay
 from .tokens import Tokens
-from .views import deflate_piece, gzip_bytes, gzip_joined, json_bytes, node_json
+from .views import deflate_piece, encoded, gzip_bytes, gzip_joined, json_bytes, node_json
 
 T = TypeVar("T")
 log = logging.getLogger("trainyard.daemon")
@@ -164,6 +166,7 @@ class Daemon:
         self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reads")
         self.read_budget = ReadBudget(config.read_share, config.read_burst_s,
                                       self.metrics.read_throttled)
+        self.readers = ReaderProcesses(self.db_url, config.read_processes)
         self.retention = Retention(self.store, tables.accounting.purge_jobs_after_days,
                                    tables.accounting.purge_events_after_days,
                                    10 * self.policy.fairshare_half_life_s)
@@ -318,6 +321,21 @@ class Daemon:
             if took:
                 self.read_budget.charge(who.user, took[0])
 
+    async def job_page(self, who: Caller, f: JobFilter, accept_encoding: str | None) -> tuple[bytes, bool]:
+        """A page of `GET /v1/jobs` as `who` sees it, encoded (views.encoded): built in a reader
+        process (scheduler.daemon.readers), else on the read threads; charged to `who`'s share."""
+        uses = self.policy.backfill_on_prediction
+        if self.readers.on:
+            self.read_budget.admit(who.user)
+            try:
+                body, gzipped, cost = await self.readers.run(job_page, f, who, uses, accept_encoding)
+            except BrokenProcessPool:
+                pass  # a reader died under it (killed, out of memory): this page on a thread
+            else:
+                self.read_budget.charge(who.user, cost)
+                return body, gzipped
+        return await self.read_off_loop(lambda: encoded(self.jobs.list(who, f), accept_encoding), who)
+
     async def stop(self) -> None:
         self._running = False
         for t in self._tasks:
@@ -333,6 +351,7 @@ class Daemon:
         self.accounting.idle.flush(self.clock.time())
         self.store.close_streams()
         await asyncio.to_thread(self._reads.shutdown)  # the reads in flight end first
+        await asyncio.to_thread(self.readers.stop)
         self.engine.dispose()
 
     def close_streams(self) -> None:

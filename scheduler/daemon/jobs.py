@@ -101,6 +101,14 @@ _LISTED = (*(Job.__table__.c[name] for name in LISTED_COLUMNS),
            case((Job.__table__.c.script.is_not(None), literal(True))).label("script"))
 
 
+def list_jobs(engine, caller: Caller, f: JobFilter, uses_predictions: bool) -> list[dict[str, Any]]:
+    """`GET /v1/jobs`' page as `caller` sees it: a read of committed rows and nothing else, so
+    it runs in the daemon (read threads) or in a reader process (scheduler.daemon.readers)."""
+    with engine.connect() as conn:
+        rows = row_objects(conn.execute(listing_query(f)))
+    return [{**job_json(j, caller), **prediction_json(j, uses_predictions)} for j in rows]
+
+
 def listing_query(f: JobFilter):
     """`GET /v1/jobs`: plain rows (a listing of thousands need not build ORM objects), in id
     order (newest first with `all`), at most `f.limit`. A page of a state reads that state's
@@ -156,10 +164,7 @@ class JobService:
             return {**job_json(job, caller), **prediction_json(job, self.policy.backfill_on_prediction)}
 
     def list(self, caller: Caller, f: JobFilter) -> list[dict[str, Any]]:
-        with self.store.engine.connect() as conn:
-            rows = row_objects(conn.execute(listing_query(f)))
-        uses = self.policy.backfill_on_prediction
-        return [{**job_json(j, caller), **prediction_json(j, uses)} for j in rows]
+        return list_jobs(self.store.engine, caller, f, self.policy.backfill_on_prediction)
 
     @staticmethod
     def _job(s: Session, job_id: int) -> Job:

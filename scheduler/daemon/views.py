@@ -56,6 +56,19 @@ def gzip_bytes(data: bytes) -> bytes:
     return gzip_joined([deflate_piece(data)], zlib.crc32(data), len(data))
 
 
+# a listing shorter than this goes as it is: compressing it would save less than it costs
+GZIP_FROM = 16 * 1024
+
+
+def encoded(content: Any, accept_encoding: str | None) -> tuple[bytes, bool]:
+    """A listing's body: JSON, gzip-compressed (True) when it is long and the client's
+    Accept-Encoding admits gzip (httpx, and so the CLI and TUI, and curl --compressed ask for it)."""
+    body = json_bytes(content)
+    if len(body) >= GZIP_FROM and accepts_gzip(accept_encoding):
+        return gzip_bytes(body), True
+    return body, False
+
+
 def accepts_gzip(accept_encoding: str | None) -> bool:
     """Whether an Accept-Encoding header admits gzip: named (or as x-gzip), else by `*`, with a
     q-value above 0 (RFC 9110, 12.5.3). A value that cannot be read admits nothing."""

@@ -60,6 +60,34 @@ def tree_cpu_s(pid: int) -> float:
     return total(pid, open(f"/proc/{pid}/stat").read().rpartition(")")[2].split())
 
 
+def readers(pid: int) -> list[int]:
+    """The daemon `pid`'s reader processes (scheduler/daemon/readers.py): its fork server and
+    the readers forked from it, which carry the fork server's command line."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = open(f"/proc/{entry}/cmdline", "rb").read()
+                ppid = int(open(f"/proc/{entry}/stat").read().rpartition(")")[2].split()[1])
+            except OSError:
+                continue
+            if b"multiprocessing.forkserver" in cmd:
+                found.append((int(entry), ppid))
+    ours = {p for p, ppid in found if ppid == pid}
+    return sorted(ours | {p for p, ppid in found if ppid in ours})
+
+
+def readers_cpu_s(pid: int) -> float:
+    """CPU seconds of the daemon `pid`'s reader processes (the job listings it hands them)."""
+    total = 0.0
+    for p in readers(pid):
+        try:
+            total += cpu_s(p)
+        except OSError:
+            pass
+    return total
+
+
 def cpu_by_part(pid: int) -> dict[str, float]:
     """CPU seconds of a demo (`pid`) by part: the daemon itself; the simulated nodes' SSH
     servers (their process); the agents; their zygotes; the job supervisors with their jobs

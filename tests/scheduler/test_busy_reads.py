@@ -69,8 +69,10 @@ def varied_jobs(rng: random.Random, n: int) -> list[dict]:
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def daemon(request, tmp_path_factory):
+    # pages on the read threads (read_processes = 0), where a test can hold one mid-read;
+    # tests/scheduler/test_reader_processes.py reads them in reader processes
     d = leading_daemon(request, tmp_path_factory.mktemp("busy"), "busy", ManualClock(NOW),
-                       settings=Settings.from_toml(TEAMS))
+                       settings=Settings.from_toml(TEAMS), read_processes=0)
     with d.store.tx() as s:
         s.execute(insert(Job.__table__), [Job(**r).model_dump(exclude={"id"}) for r in varied_jobs(random.Random(5), 300)])
     yield d
@@ -133,8 +135,11 @@ def test_a_submission_is_answered_while_a_page_of_jobs_is_being_read(daemon, mon
         headers = {"Authorization": f"Bearer {token}"}
         async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as c:
             page = asyncio.create_task(c.get("/v1/jobs", params={"limit": 100_000}))
-            while not reading.is_set():
+            for _ in range(1000):
+                if reading.is_set():
+                    break
                 await asyncio.sleep(0.01)
+            assert reading.is_set(), "the page was never read on a read thread"
             r = await asyncio.wait_for(c.post("/v1/jobs", json={"command": ["true"], "hold": True}), 10)
             assert not page.done(), "the page answered before its read went on"
             release.set()

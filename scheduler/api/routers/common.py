@@ -7,12 +7,10 @@ from typing import Annotated, Any
 from fastapi import Header, Response
 from fastapi.responses import JSONResponse
 
-from ...daemon.views import accepts_gzip, gzip_bytes, json_bytes
+from ...daemon.views import encoded, json_bytes
 
 # the client's Accept-Encoding, for the listings that may be sent compressed
 AcceptEncoding = Annotated[str | None, Header(include_in_schema=False)]
-# a listing shorter than this goes as it is: compressing it would save less than it costs
-GZIP_FROM = 16 * 1024
 
 
 class Json(JSONResponse):
@@ -29,8 +27,12 @@ def listing(content: Any, accept_encoding: str | None) -> Response:
     """A list endpoint's answer in JSON (orjson, as `Json`), gzip-compressed when it is long and
     the client's Accept-Encoding admits gzip (httpx, and so the CLI and TUI, and curl
     --compressed ask for it): a page of 5,000 jobs is megabytes that compress several-fold."""
-    body = json_bytes(content)
-    if len(body) >= GZIP_FROM and accepts_gzip(accept_encoding):
-        return Response(gzip_bytes(body), media_type="application/json",
+    return body_response(*encoded(content, accept_encoding))
+
+
+def body_response(body: bytes, gzipped: bool) -> Response:
+    """A listing's answer from its encoded body (`scheduler.daemon.views.encoded`)."""
+    if gzipped:
+        return Response(body, media_type="application/json",
                         headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"})
     return Response(body, media_type="application/json", headers={"Vary": "Accept-Encoding"})

@@ -22,7 +22,7 @@ from ..schemas import (
     LogChunk,
     storable,
 )
-from .common import AcceptEncoding, Json, listing
+from .common import AcceptEncoding, Json, body_response
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="the job's id")]
@@ -68,7 +68,7 @@ async def list_jobs(d: DaemonDep, who: Who, all: bool = False,
         except ValueError as e:
             raise Invalid(str(e), name) from None
     f = JobFilter(all=all, states=frozenset(states), user=user, queue=queue, limit=limit, ids=job_ids(ids))
-    return await d.read_off_loop(lambda: listing(d.jobs.list(who, f), accept_encoding), who)
+    return body_response(*await d.job_page(who, f, accept_encoding))
 
 
 @router.post("", status_code=201, response_model=JobRead, responses=responses(403, 404, 409))

@@ -1,0 +1,112 @@
+"""Job listings built in reader processes: a page of 2,000 jobs is ~0.15 s of CPU in Python,
+and on one of the daemon's threads it holds the interpreter's lock in 5 ms slices that the event
+loop waits for after each of its system calls: with a script polling that page, a submitter's
+p99 doubled (tests/bench/bench_tui_busy.py) though the daemon's core was not full. A process of
+its own has its own interpreter lock: the loop only shares the machine's cores with it.
+
+What a reader does is a read of committed rows and its encoding (scheduler.daemon.jobs.list_jobs,
+views.encoded): it sees what a read thread would, as both read what is committed when they
+start. The processes are started from a fork server (never forked from the daemon, which runs
+threads and an event loop), on demand, and end with the daemon (its stop, or its death: a
+worker's pipe to it closes). A database only the daemon's process can open (SQLite in memory)
+is read on the read threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+log = logging.getLogger("trainyard.daemon")
+
+_ENGINES: dict[str, Any] = {}  # in a reader process: one engine per database
+
+
+def _engine(db_url: str):
+    engine = _ENGINES.get(db_url)
+    if engine is None:
+        from ..store import make_engine
+
+        engine = _ENGINES[db_url] = make_engine(db_url)
+    return engine
+
+
+def _watch(daemon_pid: int) -> None:
+    """In a reader process: end when the daemon is gone. A reader's parent is the fork server,
+    and its pipes to the daemon stay open in itself (a queue carries both of its ends), so a
+    `kill -9` of the daemon is noticed by looking: every half second."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(daemon_pid, 0)
+                with open(f"/proc/{daemon_pid}/stat") as f:
+                    gone = f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+            except (ProcessLookupError, FileNotFoundError):
+                gone = True
+            except (PermissionError, OSError):
+                gone = False
+            if gone:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="daemon-watch", daemon=True).start()
+
+
+def job_page(db_url: str, f, caller, uses_predictions: bool, accept_encoding: str | None
+             ) -> tuple[bytes, bool, float]:
+    """In a reader process: the page's body, whether it is gzip-compressed, and the CPU seconds
+    it took (charged to the caller's share of the reads)."""
+    from .jobs import list_jobs
+    from .views import encoded
+
+    t0 = time.thread_time()
+    body, gzipped = encoded(list_jobs(_engine(db_url), caller, f, uses_predictions), accept_encoding)
+    return body, gzipped, time.thread_time() - t0
+
+
+def shared_database(db_url: str) -> bool:
+    """Whether another process can open this database (not SQLite in memory)."""
+    url = db_url.lower()
+    return ":memory:" not in url and "mode=memory" not in url
+
+
+class ReaderProcesses:
+    """Up to `workers` reader processes (0: none, the read threads do it all)."""
+
+    def __init__(self, db_url: str, workers: int):
+        self.db_url = db_url
+        self.workers = workers if shared_database(db_url) else 0
+        self._pool: ProcessPoolExecutor | None = None
+
+    @property
+    def on(self) -> bool:
+        return self.workers > 0
+
+    async def run(self, fn, *args):
+        """`fn(db_url, *args)` in a reader process; raises BrokenProcessPool when a reader died
+        under it (the next call starts new ones)."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"),
+                                             initializer=_watch, initargs=(os.getpid(),))
+        pool = self._pool
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, fn, self.db_url, *args)
+        except BrokenProcessPool:
+            if self._pool is pool:
+                self._pool = None
+                log.warning("a reader process died; new ones will start on the next listing")
+                pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+    def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
