@@ -325,7 +325,7 @@ class Daemon:
         """A page of `GET /v1/jobs` as `who` sees it, encoded (views.encoded): built in a reader
         process (scheduler.daemon.readers), else on the read threads; charged to `who`'s share."""
         uses = self.policy.backfill_on_prediction
-        if self.readers.on:
+        if self.readers.ready:
             self.read_budget.admit(who.user)
             try:
                 body, gzipped, cost = await self.readers.run(job_page, f, who, uses, accept_encoding)

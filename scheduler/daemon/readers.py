@@ -78,35 +78,79 @@ def shared_database(db_url: str) -> bool:
     return ":memory:" not in url and "mode=memory" not in url
 
 
+def warm(db_url: str) -> bool:
+    """In a reader process: what the first page would open, opened."""
+    from sqlalchemy import text
+
+    with _engine(db_url).connect() as conn:
+        conn.execute(text("SELECT 1"))
+    return True
+
+
+# what a reader runs, imported once by the fork server: readers fork with it in memory
+PRELOAD = ["scheduler.daemon.readers", "scheduler.daemon.jobs", "scheduler.daemon.views", "scheduler.store"]
+
+
 class ReaderProcesses:
-    """Up to `workers` reader processes (0: none, the read threads do it all)."""
+    """Up to `workers` reader processes (0: none, the read threads do it all). They start at the
+    first listing, which (like every listing until a reader is up, about a second) is built on
+    the read threads: no page waits for a process to start, and a daemon nobody lists jobs
+    from starts none."""
 
     def __init__(self, db_url: str, workers: int):
         self.db_url = db_url
         self.workers = workers if shared_database(db_url) else 0
         self._pool: ProcessPoolExecutor | None = None
+        self._ready = False
+        self.served = 0  # pages the readers built
 
     @property
     def on(self) -> bool:
         return self.workers > 0
 
+    @property
+    def ready(self) -> bool:
+        """Whether a listing goes to a reader now; if not, the first call starts them."""
+        if self.on and self._pool is None:
+            self._start()
+        return self._ready
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        self._pool = pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_watch,
+                                                initargs=(os.getpid(),))
+        self._ready = False
+
+        def up(fut) -> None:
+            if self._pool is pool and not fut.cancelled() and fut.exception() is None:
+                self._ready = True
+            elif fut.exception() is not None:
+                log.warning("the reader processes did not start (%s); listings stay on the read threads",
+                            fut.exception())
+
+        try:
+            pool.submit(warm, self.db_url).add_done_callback(up)
+        except RuntimeError as e:  # cannot start processes here
+            log.warning("the reader processes did not start (%s); listings stay on the read threads", e)
+
     async def run(self, fn, *args):
         """`fn(db_url, *args)` in a reader process; raises BrokenProcessPool when a reader died
         under it (the next call starts new ones)."""
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"),
-                                             initializer=_watch, initargs=(os.getpid(),))
         pool = self._pool
+        assert pool is not None
         try:
-            return await asyncio.get_running_loop().run_in_executor(pool, fn, self.db_url, *args)
+            result = await asyncio.get_running_loop().run_in_executor(pool, fn, self.db_url, *args)
+            self.served += 1
+            return result
         except BrokenProcessPool:
             if self._pool is pool:
-                self._pool = None
-                log.warning("a reader process died; new ones will start on the next listing")
+                self._pool, self._ready = None, False
+                log.warning("a reader process died; new ones start at the next listing")
                 pool.shutdown(wait=False, cancel_futures=True)
             raise
 
     def stop(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+            self._pool, self._ready = None, False

@@ -36,9 +36,15 @@ def daemon(request, tmp_path_factory):
     with d.store.tx() as s:
         s.execute(insert(Job.__table__), [Job(**r).model_dump(exclude={"id"})
                                           for r in varied_jobs(random.Random(11), 400)])
+    ready(d)
     yield d
     d.readers.stop()
     d.engine.dispose()
+
+
+def ready(d) -> None:
+    """The first listing starts the readers (and is built on a thread meanwhile)."""
+    wait_for(lambda: d.readers.ready, 30, what="the reader processes to start")
 
 
 def decoded(body: bytes, gzipped: bool) -> list[dict]:
@@ -50,8 +56,9 @@ def decoded(body: bytes, gzipped: bool) -> list[dict]:
 @pytest.mark.parametrize("f", [JobFilter(all=True, limit=100_000), JobFilter(limit=50),
                                JobFilter(all=True, user="bob", limit=100_000)], ids=["all", "page", "bob"])
 def test_a_reader_process_builds_the_page_the_daemon_would(daemon, viewer, accept, f):
-    assert daemon.readers.on
+    served = daemon.readers.served
     body, gzipped = asyncio.run(daemon.job_page(viewer, f, accept))
+    assert daemon.readers.served == served + 1  # a reader built it
     want = daemon.jobs.list(viewer, f)  # in this process, as the read threads would
     assert gzipped == (accept == "gzip" and len(encoded(want, None)[0]) >= 16 * 1024)
     assert decoded(body, gzipped) == json.loads(json.dumps(want))
@@ -61,20 +68,19 @@ def test_a_reader_process_builds_the_page_the_daemon_would(daemon, viewer, accep
 
 
 def test_a_reader_that_dies_costs_no_page(daemon):
-    async def scenario():
-        first = await daemon.job_page(OPERATOR, JobFilter(all=True, limit=100_000), None)
-        pool = daemon.readers._pool
-        for pid in list(pool._processes):
-            os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
-        during = await daemon.job_page(OPERATOR, JobFilter(all=True, limit=100_000), None)
-        after = await daemon.job_page(OPERATOR, JobFilter(all=True, limit=100_000), None)
-        return first, during, after, pool, daemon.readers._pool
-
-    first, during, after, dead, now = asyncio.run(scenario())
+    every = JobFilter(all=True, limit=100_000)
+    first = asyncio.run(daemon.job_page(OPERATOR, every, None))
+    dead = daemon.readers._pool
+    for pid in list(dead._processes):
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    during = asyncio.run(daemon.job_page(OPERATOR, every, None))  # on a thread
+    ready(daemon)  # new readers
+    served = daemon.readers.served
+    after = asyncio.run(daemon.job_page(OPERATOR, every, None))
     assert decoded(*first) == decoded(*during) == decoded(*after)
     assert len(decoded(*first)) == 400
-    assert now is not None and now is not dead  # new readers serve the pages after
+    assert daemon.readers._pool is not dead and daemon.readers.served == served + 1
 
 
 def descendants(pid: int) -> set[int]:
@@ -107,11 +113,18 @@ def alive(pids: set[int]) -> set[int]:
 def test_the_readers_end_with_the_daemon(daemon_factory, how):
     d = daemon_factory(sub=how.replace(" ", ""))
     d.cli("submit", "--hold", "--array", "0-99", "--", "true", check=True)
-    assert len(d.client().jobs(all=True)) >= 100  # built by a reader
+    assert len(d.client().jobs(all=True)) >= 100  # the first listing starts the readers
+    wait_for(lambda: len(descendants(d.proc.pid)) >= 2, 30, what="the fork server and a reader")
     readers = descendants(d.proc.pid)
-    assert len(readers) >= 2, readers  # the fork server and at least one reader
     if how == "stop":
         d.stop()
     else:
         d.kill9()
     wait_for(lambda: not alive(readers), 20, what=f"the readers to end after the daemon's {how}")
+
+
+def test_a_database_only_the_daemon_can_open_is_read_on_its_threads(tmp_path):
+    assert not ReaderProcesses("sqlite:///:memory:", 2).on
+    assert not ReaderProcesses("sqlite:///file:x?mode=memory&uri=true", 2).on
+    assert not ReaderProcesses(str(tmp_path / "trainyard.db"), 0).on  # read_processes = 0
+    assert ReaderProcesses(str(tmp_path / "trainyard.db"), 2).on
