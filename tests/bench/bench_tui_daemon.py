@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
-from _harness import ROOT, machine
+from _harness import ROOT, machine, readers_cpu_s
 
 SIZE = (200, 50)  # as bench_tui.py
 TICKS = 10
@@ -126,9 +126,10 @@ def closed_port() -> int:
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used so far."""
+    """User + system CPU seconds a daemon and its reader processes (which build its job
+    listings) have used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + readers_cpu_s(pid)
 
 
 def rss_mb(pid: int | str = "self", key: str = "VmRSS") -> float:
@@ -266,7 +267,7 @@ def report(r: dict, nodes: int, jobs: int, size: tuple[int, int], fill_s: float,
               f"paint {ms(statistics.median(paint))}; UI thread (update + paint, as bench_tui.py) "
               f"{ms(statistics.median(ui))}; whole tick {ms(statistics.median(whole))} median "
               f"({max(whole) * 1000:.1f} max); app's own path (fetch() -> worker -> message -> paint), wall "
-              f"{ms(statistics.median(r[name + '_real']))}; daemon CPU {r[name + '_daemon_cpu'] * 100:.0f} % of a core")
+              f"{ms(statistics.median(r[name + '_real']))}; daemon CPU (with its readers) {r[name + '_daemon_cpu'] * 100:.0f} % of a core")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"memory, TUI process:     {peak:7.0f} MB peak RSS (ru_maxrss), {r['rss_mb']:.0f} MB at the end, "
           f"{r['base_mb']:.0f} MB of it interpreter and imports before the app")
