@@ -46,7 +46,7 @@ from .overview import Overview
 from .prediction import RunTimePrediction
 from .ptys import PtyRelay
 from .readbudget import ReadBudget
-from .readers import ReaderProcesses, job_page
+from .readers import READER_FROM, ReaderProcesses, job_page
 from .readmodel import MetricsReadModel
 from .reconcile import Reconciler
 from .registries import Registries, load_credentials
@@ -322,10 +322,11 @@ class Daemon:
                 self.read_budget.charge(who.user, took[0])
 
     async def job_page(self, who: Caller, f: JobFilter, accept_encoding: str | None) -> tuple[bytes, bool]:
-        """A page of `GET /v1/jobs` as `who` sees it, encoded (views.encoded): built in a reader
-        process (scheduler.daemon.readers), else on the read threads; charged to `who`'s share."""
+        """A page of `GET /v1/jobs` as `who` sees it, encoded (views.encoded): a long one built in
+        a reader process (scheduler.daemon.readers), a short one (`limit` under READER_FROM) and
+        any while the readers start on the read threads; charged to `who`'s share."""
         uses = self.policy.backfill_on_prediction
-        if self.readers.ready:
+        if f.limit >= READER_FROM and self.readers.ready:
             self.read_budget.admit(who.user)
             try:
                 body, gzipped, cost = await self.readers.run(job_page, f, who, uses, accept_encoding)
