@@ -18,6 +18,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -41,7 +42,6 @@ def _watch(daemon_pid: int) -> None:
     """In a reader process: end when the daemon is gone. A reader's parent is the fork server,
     and its pipes to the daemon stay open in itself (a queue carries both of its ends), so a
     `kill -9` of the daemon is noticed by looking: every half second."""
-    import threading
 
     def watch() -> None:
         while True:
@@ -122,23 +122,28 @@ class ReaderProcesses:
         return self._ready
 
     def _start(self) -> None:
+        """Start the fork server and every reader on a thread of their own: a process is
+        started by the thread that submits work to the pool, and the first waits for the fork
+        server to import what it preloads (a second and more: on the event loop, every request
+        waited that out)."""
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
         self._pool = pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_watch,
                                                 initargs=(os.getpid(),))
         self._ready = False
 
-        def up(fut) -> None:
-            if self._pool is pool and not fut.cancelled() and fut.exception() is None:
+        def boot() -> None:
+            try:  # submitted together, so that each finds no idle reader and starts its own
+                started = [pool.submit(warm, self.db_url) for _ in range(self.workers)]
+                for fut in started:
+                    fut.result()
+            except Exception as e:  # processes cannot start here, or the database cannot be read
+                log.warning("the reader processes did not start (%s); listings stay on the read threads", e)
+                return
+            if self._pool is pool:
                 self._ready = True
-            elif fut.exception() is not None:
-                log.warning("the reader processes did not start (%s); listings stay on the read threads",
-                            fut.exception())
 
-        try:
-            pool.submit(warm, self.db_url).add_done_callback(up)
-        except RuntimeError as e:  # cannot start processes here
-            log.warning("the reader processes did not start (%s); listings stay on the read threads", e)
+        threading.Thread(target=boot, name="readers-start", daemon=True).start()
 
     async def run(self, fn, *args):
         """`fn(db_url, *args)` in a reader process; raises BrokenProcessPool when a reader died
