@@ -46,7 +46,7 @@ from .overview import Overview
 from .prediction import RunTimePrediction
 from .ptys import PtyRelay
 from .readbudget import ReadBudget
-from .readers import READER_FROM, ReaderProcesses, job_page
+from .readers import READER_FROM, READERS_WORTH_S, ReaderProcesses, job_page
 from .readmodel import MetricsReadModel
 from .reconcile import Reconciler
 from .registries import Registries, load_credentials
@@ -324,9 +324,11 @@ class Daemon:
     async def job_page(self, who: Caller, f: JobFilter, accept_encoding: str | None) -> tuple[bytes, bool]:
         """A page of `GET /v1/jobs` as `who` sees it, encoded (views.encoded): a long one built in
         a reader process (scheduler.daemon.readers), a short one (`limit` under READER_FROM) and
-        any while the readers start on the read threads; charged to `who`'s share."""
+        any before the readers are up on the read threads; charged to `who`'s share. The first
+        long page that costs READERS_WORTH_S on a thread starts the readers."""
         uses = self.policy.backfill_on_prediction
-        if f.limit >= READER_FROM and self.readers.ready:
+        long = f.limit >= READER_FROM
+        if long and self.readers.ready:
             self.read_budget.admit(who.user)
             try:
                 body, gzipped, cost = await self.readers.run(job_page, f, who, uses, accept_encoding)
@@ -335,7 +337,19 @@ class Daemon:
             else:
                 self.read_budget.charge(who.user, cost)
                 return body, gzipped
-        return await self.read_off_loop(lambda: encoded(self.jobs.list(who, f), accept_encoding), who)
+        took: list[float] = []
+
+        def build() -> tuple[bytes, bool]:
+            t0 = time.thread_time()
+            try:
+                return encoded(self.jobs.list(who, f), accept_encoding)
+            finally:
+                took.append(time.thread_time() - t0)
+
+        page = await self.read_off_loop(build, who)
+        if long and took and took[0] >= READERS_WORTH_S:
+            self.readers.start()  # pages this long cost enough to hand to processes
+        return page
 
     async def stop(self) -> None:
         self._running = False

@@ -93,15 +93,19 @@ def warm(db_url: str) -> bool:
 # reader against 33 ms from a thread in the run before, on a stretch as slow).
 READER_FROM = 500
 
+# The readers start once a long page built on a thread cost this much CPU: a daemon whose
+# pages are all cheap (a small cluster, the tests' daemons) never pays for the processes.
+READERS_WORTH_S = 0.02
+
 # what a reader runs, imported once by the fork server: readers fork with it in memory
 PRELOAD = ["scheduler.daemon.readers", "scheduler.daemon.jobs", "scheduler.daemon.views", "scheduler.store"]
 
 
 class ReaderProcesses:
-    """Up to `workers` reader processes (0: none, the read threads do it all). They start at the
-    first listing, which (like every listing until a reader is up, about a second) is built on
-    the read threads: no page waits for a process to start, and a daemon nobody lists jobs
-    from starts none."""
+    """Up to `workers` reader processes (0: none, the read threads do it all). They start when
+    a long page first costs READERS_WORTH_S on a thread; until they are up (about a second),
+    pages are built on the read threads: no page waits for a process to start, and a daemon
+    whose pages are all cheap starts none."""
 
     def __init__(self, db_url: str, workers: int):
         self.db_url = db_url
@@ -116,10 +120,13 @@ class ReaderProcesses:
 
     @property
     def ready(self) -> bool:
-        """Whether a listing goes to a reader now; if not, the first call starts them."""
+        """Whether the readers are up: a long listing goes to one."""
+        return self._ready
+
+    def start(self) -> None:
+        """Start the readers unless they are started (or starting), or turned off."""
         if self.on and self._pool is None:
             self._start()
-        return self._ready
 
     def _start(self) -> None:
         """Start the fork server and every reader on a thread of their own: a process is

@@ -43,7 +43,7 @@ def daemon(request, tmp_path_factory):
 
 
 def ready(d) -> None:
-    """The first listing starts the readers (and is built on a thread meanwhile)."""
+    d.readers.start()
     wait_for(lambda: d.readers.ready, 30, what="the reader processes to start")
 
 
@@ -113,8 +113,9 @@ def alive(pids: set[int]) -> set[int]:
 @pytest.mark.parametrize("how", ["stop", "kill -9"])
 def test_the_readers_end_with_the_daemon(daemon_factory, how):
     d = daemon_factory(sub=how.replace(" ", ""))
-    d.cli("submit", "--hold", "--array", "0-99", "--", "true", check=True)
-    assert len(d.client().jobs(all=True)) >= 100  # the first listing starts the readers
+    d.cli("submit", "--hold", "--array", "0-1999", "--", "true", check=True)
+    # a page of 2,000 jobs costs a thread well over READERS_WORTH_S: it starts the readers
+    assert len(d.client().jobs(all=True)) >= 2000
     wait_for(lambda: len(descendants(d.proc.pid)) >= 2, 30, what="the fork server and a reader")
     readers = descendants(d.proc.pid)
     if how == "stop":
@@ -122,6 +123,33 @@ def test_the_readers_end_with_the_daemon(daemon_factory, how):
     else:
         d.kill9()
     wait_for(lambda: not alive(readers), 20, what=f"the readers to end after the daemon's {how}")
+
+
+def test_cheap_pages_start_no_readers_and_the_first_costly_one_does(tmp_path):
+    from scheduler.config import DaemonConfig
+    from scheduler.daemon import Daemon
+
+    d = Daemon(DaemonConfig(read_processes=2), tmp_path / "home", clock=ManualClock(NOW))
+    d.prepare()
+    try:
+        with d.store.tx() as s:
+            s.execute(insert(Job.__table__), [Job(**r).model_dump(exclude={"id"})
+                                              for r in varied_jobs(random.Random(3), 20)])
+        every = JobFilter(all=True, limit=100_000)
+        for _ in range(5):
+            asyncio.run(d.job_page(OPERATOR, every, None))  # 20 jobs: a few milliseconds each
+        assert d.readers._pool is None  # no process started for pages this cheap
+        with d.store.tx() as s:
+            s.execute(insert(Job.__table__), [Job(**r).model_dump(exclude={"id"})
+                                              for r in varied_jobs(random.Random(4), 2000)])
+        asyncio.run(d.job_page(OPERATOR, every, None))  # on a thread; it starts the readers
+        wait_for(lambda: d.readers.ready, 30, what="the reader processes to start")
+        served = d.readers.served
+        assert len(decoded(*asyncio.run(d.job_page(OPERATOR, every, None)))) == 2020
+        assert d.readers.served == served + 1
+    finally:
+        d.readers.stop()
+        d.engine.dispose()
 
 
 def test_a_database_only_the_daemon_can_open_is_read_on_its_threads(tmp_path):
