@@ -134,11 +134,12 @@ class DaemonSettings(_Table):
     kill_grace_s: Seconds = 10.0  # SIGTERM -> SIGKILL for cancel, timeout and preemption
     schedule_interval_s: PositiveSeconds = 1.0
     telemetry_interval_s: PositiveSeconds = 2.0
-    # each user's share of the daemon's read threads (job listings, sacct, event pages), in
+    # each user's share of the daemon's long reads (job listings, sacct, event pages), in
     # seconds of CPU per second; a user past it gets 429 with Retry-After. 0: no limit
     read_share: float = Field(0.25, ge=0, le=64)
     read_burst_s: PositiveSeconds = 1.0  # what a user may spend at once before the share applies
-    # processes that build job listings beside the daemon's own (0: its read threads do it)
+    # processes that build long job listings and sacct windows beside the daemon (0: its read
+    # threads do it)
     read_processes: int = Field(2, ge=0, le=64)
 
 

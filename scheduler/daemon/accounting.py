@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from sqlmodel import or_, select
 
 from .. import accounting as acct
 from ..models import Job, Node
+from ..planner.policy import DEFAULT_TEAM
 from ..settings import AccountingSettings
 from ..store import row_objects
 from .caller import Caller
@@ -199,18 +201,50 @@ def usage_query(a: float, b: float):
                                           or_(t.end_time.is_(None), t.end_time >= a))
 
 
+@dataclass(frozen=True)
+class Sacct:
+    """A checked sacct request: the window [start, end), `now` as it was asked, and what
+    narrows it; `teams` is each user's team (the account of a job that names none)."""
+
+    start: float
+    end: float
+    now: float
+    user: str | None
+    states: frozenset[str]
+    limit: int
+    ids: frozenset[int]
+    teams: dict[str, str]
+
+
+def sacct_jobs(engine, q: Sacct) -> dict[str, Any]:
+    """sacct's answer: a read of committed rows and nothing else, so it runs on the daemon's
+    read threads or in a reader process (scheduler.daemon.readers)."""
+    with engine.connect() as conn:
+        rows = row_objects(conn.execute(history_query(q.start, q.end, q.user, q.states, q.limit, q.ids)))
+    teams = q.teams
+
+    def team_of(user: str) -> str:
+        return teams.get(user, DEFAULT_TEAM)
+
+    records = [{**record_json(record_of(j, team_of)), **request_json(j)} for j in rows]
+    return {"start": q.start, "end": q.end, "now": q.now, "jobs": records}
+
+
 class Accounting:
     """Answers sacct and sreport from the jobs table and the idle history."""
 
     def __init__(self, store: StateStore, settings: AccountingSettings, home: Path, clock: Clock,
-                 team_of: Callable[[str], str]):
+                 teams: Callable[[], Mapping[str, str]]):
         self.store = store
         self.settings = settings
         self.prices = settings.price_book()
         self.clock = clock
-        self.team_of = team_of
+        self.teams = teams  # each user's team, as configured now
         self.idle = IdleHistory(home / "usage" / "idle.jsonl", settings.idle_threshold_pct,
                                 settings.max_sample_gap_s, settings.util_history_days * 86400)
+
+    def team_of(self, user: str) -> str:
+        return self.teams().get(user, DEFAULT_TEAM)
 
     def load(self) -> None:
         self.idle.load(self.clock.time())
@@ -227,12 +261,13 @@ class Accounting:
                           "give -E after -S", "end")
         return start, end
 
-    def jobs(self, caller: Caller, start: float | None, end: float | None, user: str | None = None,
-             states: frozenset[str] = frozenset(), limit: int = 100_000,
-             ids: frozenset[int] = frozenset()) -> dict[str, Any]:
-        """Jobs that existed in [start, end): submitted before its end, not ended before its start.
-        With `ids`: those jobs and the tasks of the arrays among them, at any time unless a start
-        is given (as sacct -j)."""
+    def sacct(self, caller: Caller, start: float | None, end: float | None, user: str | None = None,
+              states: frozenset[str] = frozenset(), limit: int = 100_000,
+              ids: frozenset[int] = frozenset()) -> Sacct:
+        """A sacct request, checked (Invalid, Forbidden) but not yet read: jobs that existed in
+        [start, end), by default the last 24 hours; a user's own unless the caller operates.
+        With `ids`: those jobs and the tasks of the arrays among them, at any time unless a
+        start is given (as sacct -j)."""
         now = self.clock.time()
         if ids and start is None:
             start = 0.0
@@ -241,10 +276,13 @@ class Accounting:
             user = caller.user
         if user is not None and user != caller.user and not caller.at_least("operator"):
             raise Forbidden(f"{caller.user} may read only their own jobs' accounting, not {user}'s")
-        with self.store.read() as s:
-            rows = row_objects(s.connection().execute(history_query(a, b, user, states, limit, ids)))
-        records = [{**record_json(record_of(j, self.team_of)), **request_json(j)} for j in rows]
-        return {"start": a, "end": b, "now": now, "jobs": records}
+        return Sacct(a, b, now, user, states, limit, ids, dict(self.teams()))
+
+    def jobs(self, caller: Caller, start: float | None, end: float | None, user: str | None = None,
+             states: frozenset[str] = frozenset(), limit: int = 100_000,
+             ids: frozenset[int] = frozenset()) -> dict[str, Any]:
+        """sacct's answer, read here (`sacct` and `sacct_jobs`)."""
+        return sacct_jobs(self.store.engine, self.sacct(caller, start, end, user, states, limit, ids))
 
     def report(self, caller: Caller, by: str, start: float | None, end: float | None) -> dict[str, Any]:
         """Allocated GPU-hours, idle GPU-hours and cost per user, account or queue over [start, end)."""

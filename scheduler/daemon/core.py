@@ -8,7 +8,7 @@ import getpass
 import logging
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -26,7 +26,7 @@ from ..models import Job, Node, Queue
 from ..nodes import SshSettings
 from ..planner import PolicyConfig, UsageLedger
 from ..store import init_schema, make_engine, row_objects
-from .accounting import Accounting
+from .accounting import Accounting, Sacct, sacct_jobs
 from .autoscale import Autoscaler, ansible_bootstrap
 from .caller import Caller
 from .clock import Clock
@@ -46,7 +46,7 @@ from .overview import Overview
 from .prediction import RunTimePrediction
 from .ptys import PtyRelay
 from .readbudget import ReadBudget
-from .readers import READER_FROM, READERS_WORTH_S, ReaderProcesses, job_page
+from .readers import READER_FROM, READERS_WORTH_S, ReaderProcesses, job_page, sacct_page
 from .readmodel import MetricsReadModel
 from .reconcile import Reconciler
 from .registries import Registries, load_credentials
@@ -155,7 +155,7 @@ class Daemon:
             job.id, job.attempt, [a["node"] for a in job.allocation])
         self.notifications = Notifications(tables.notify, self.store, config.cluster_name)
         self.accounting = Accounting(self.store, tables.accounting, home, self.clock,
-                                     lambda user: self.policy.user_team.get(user, "default"))
+                                     lambda: self.policy.user_team)
         self.autoscaler = Autoscaler(self.store, self.inventory, self.clock, tables.infra, tables.autoscale,
                                      ansible_bootstrap(self.key_path.parent / "id_ed25519.pub"),
                                      self._queue_selector)
@@ -301,55 +301,69 @@ class Daemon:
         tests/bench/bench_tui_busy.py). Off it, the loop keeps its turns: SQLite and PostgreSQL
         read without the interpreter's lock, and the interpreter switches threads every 5 ms.
 
-        With `who`, the read is charged to that user's share of the read threads (its CPU
-        time), and refused (Throttled) before it starts when the user has spent it."""
-        if who is None:
-            return await asyncio.get_running_loop().run_in_executor(self._reads, fn)
-        self.read_budget.admit(who.user)
-        took: list[float] = []
+        With `who`, the read is charged to that user's share of the reads (its CPU time), and
+        refused (Throttled) before it starts when the user has spent it."""
+        with self._charging(who) as cost:
+            return await self._on_read_thread(fn, cost)
+
+    @contextlib.contextmanager
+    def _charging(self, who: Caller | None) -> Iterator[list[float]]:
+        """Admit `who`'s read (Throttled when their share is spent), then charge them the CPU
+        seconds the block adds to the yielded list, even when it raises. No `who`: no charge."""
+        if who is not None:
+            self.read_budget.admit(who.user)
+        cost = [0.0]
+        try:
+            yield cost
+        finally:
+            if who is not None:
+                self.read_budget.charge(who.user, cost[0])
+
+    async def _on_read_thread(self, fn: Callable[[], T], cost: list[float]) -> T:
+        """`fn()` on a read thread, adding the CPU seconds it took to `cost[0]`."""
 
         def timed() -> T:
             t0 = time.thread_time()
             try:
                 return fn()
             finally:
-                took.append(time.thread_time() - t0)
+                cost[0] += time.thread_time() - t0
 
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._reads, timed)
-        finally:
-            if took:
-                self.read_budget.charge(who.user, took[0])
+        return await asyncio.get_running_loop().run_in_executor(self._reads, timed)
+
+    async def _page(self, who: Caller, long: bool, in_reader: tuple,
+                    on_thread: Callable[[], tuple[bytes, bool]]) -> tuple[bytes, bool]:
+        """A listing's encoded body (views.encoded) that can be long, charged to `who`'s share:
+        `in_reader` (a function of scheduler.daemon.readers and its arguments) in a reader
+        process when `long` and the readers are up; else, and when a reader dies under it,
+        `on_thread()` on a read thread. A long one that costs a thread READERS_WORTH_S starts
+        the readers."""
+        with self._charging(who) as cost:
+            if long and self.readers.ready:
+                try:
+                    body, gzipped, cost[0] = await self.readers.run(*in_reader)
+                    return body, gzipped
+                except BrokenProcessPool:
+                    pass  # a reader died under it (killed, out of memory): this one on a thread
+            page = await self._on_read_thread(on_thread, cost)
+        if long and cost[0] >= READERS_WORTH_S:
+            self.readers.start()  # listings this long cost enough to hand to processes
+        return page
 
     async def job_page(self, who: Caller, f: JobFilter, accept_encoding: str | None) -> tuple[bytes, bool]:
-        """A page of `GET /v1/jobs` as `who` sees it, encoded (views.encoded): a long one built in
-        a reader process (scheduler.daemon.readers), a short one (`limit` under READER_FROM) and
-        any before the readers are up on the read threads; charged to `who`'s share. The first
-        long page that costs READERS_WORTH_S on a thread starts the readers."""
+        """A page of `GET /v1/jobs` as `who` sees it, encoded (views.encoded): a long one (`limit`
+        of READER_FROM or more) in a reader process once they are up, a short one on the read
+        threads (`_page`)."""
         uses = self.policy.backfill_on_prediction
-        long = f.limit >= READER_FROM
-        if long and self.readers.ready:
-            self.read_budget.admit(who.user)
-            try:
-                body, gzipped, cost = await self.readers.run(job_page, f, who, uses, accept_encoding)
-            except BrokenProcessPool:
-                pass  # a reader died under it (killed, out of memory): this page on a thread
-            else:
-                self.read_budget.charge(who.user, cost)
-                return body, gzipped
-        took: list[float] = []
+        return await self._page(who, f.limit >= READER_FROM, (job_page, f, who, uses, accept_encoding),
+                                     lambda: encoded(self.jobs.list(who, f), accept_encoding))
 
-        def build() -> tuple[bytes, bool]:
-            t0 = time.thread_time()
-            try:
-                return encoded(self.jobs.list(who, f), accept_encoding)
-            finally:
-                took.append(time.thread_time() - t0)
-
-        page = await self.read_off_loop(build, who)
-        if long and took and took[0] >= READERS_WORTH_S:
-            self.readers.start()  # pages this long cost enough to hand to processes
-        return page
+    async def sacct_page(self, who: Caller, q: Sacct, accept_encoding: str | None) -> tuple[bytes, bool]:
+        """`GET /v1/accounting/jobs` for a checked request (Accounting.sacct), encoded: a window
+        in a reader process once they are up (a day's is ~0.16 s on a busy cluster), jobs named
+        by id (sacct -j) on the read threads (`_page`)."""
+        return await self._page(who, not q.ids, (sacct_page, q, accept_encoding),
+                                     lambda: encoded(sacct_jobs(self.engine, q), accept_encoding))
 
     async def stop(self) -> None:
         self._running = False

@@ -1,15 +1,16 @@
-"""Job listings built in reader processes: a page of 2,000 jobs is ~0.15 s of CPU in Python,
-and on one of the daemon's threads it holds the interpreter's lock in 5 ms slices that the event
-loop waits for after each of its system calls: with a script polling that page, a submitter's
-p99 doubled (tests/bench/bench_tui_busy.py) though the daemon's core was not full. A process of
-its own has its own interpreter lock: the loop only shares the machine's cores with it.
+"""Long listings (job pages, sacct windows) built in reader processes: a page of 2,000 jobs is
+~0.15 s of CPU in Python, and on one of the daemon's threads it holds the interpreter's lock in
+5 ms slices that the event loop waits for after each of its system calls: with a script polling
+that page, a submitter's p99 doubled (tests/bench/bench_tui_busy.py) though the daemon's core
+was not full. A process of its own has its own interpreter lock: the loop only shares the
+machine's cores with it.
 
 What a reader does is a read of committed rows and its encoding (scheduler.daemon.jobs.list_jobs,
-views.encoded): it sees what a read thread would, as both read what is committed when they
-start. The processes are started from a fork server (never forked from the daemon, which runs
-threads and an event loop), on demand, and end with the daemon (its stop, or its death: a
-worker's pipe to it closes). A database only the daemon's process can open (SQLite in memory)
-is read on the read threads.
+accounting.sacct_jobs, views.encoded): it sees what a read thread would, as both read what is
+committed when they start. The processes are started from a fork server (never forked from the
+daemon, which runs threads and an event loop), on demand, and end with the daemon (its stop, or
+its death, which each reader watches for). A database only the daemon's process can open (SQLite
+in memory) is read on the read threads.
 """
 
 from __future__ import annotations
@@ -62,13 +63,26 @@ def _watch(daemon_pid: int) -> None:
 
 def job_page(db_url: str, f, caller, uses_predictions: bool, accept_encoding: str | None
              ) -> tuple[bytes, bool, float]:
-    """In a reader process: the page's body, whether it is gzip-compressed, and the CPU seconds
-    it took (charged to the caller's share of the reads)."""
+    """In a reader process: a page of `GET /v1/jobs`, whether it is gzip-compressed, and the
+    CPU seconds it took (charged to the caller's share of the reads)."""
     from .jobs import list_jobs
+
+    return _timed_page(lambda: list_jobs(_engine(db_url), caller, f, uses_predictions), accept_encoding)
+
+
+def sacct_page(db_url: str, q, accept_encoding: str | None) -> tuple[bytes, bool, float]:
+    """In a reader process: `GET /v1/accounting/jobs` for a checked request (accounting.Sacct),
+    as job_page."""
+    from .accounting import sacct_jobs
+
+    return _timed_page(lambda: sacct_jobs(_engine(db_url), q), accept_encoding)
+
+
+def _timed_page(read, accept_encoding: str | None) -> tuple[bytes, bool, float]:
     from .views import encoded
 
     t0 = time.thread_time()
-    body, gzipped = encoded(list_jobs(_engine(db_url), caller, f, uses_predictions), accept_encoding)
+    body, gzipped = encoded(read(), accept_encoding)
     return body, gzipped, time.thread_time() - t0
 
 
@@ -98,7 +112,8 @@ READER_FROM = 500
 READERS_WORTH_S = 0.02
 
 # what a reader runs, imported once by the fork server: readers fork with it in memory
-PRELOAD = ["scheduler.daemon.readers", "scheduler.daemon.jobs", "scheduler.daemon.views", "scheduler.store"]
+PRELOAD = ["scheduler.daemon.readers", "scheduler.daemon.jobs", "scheduler.daemon.accounting",
+           "scheduler.daemon.views", "scheduler.store"]
 
 
 class ReaderProcesses:

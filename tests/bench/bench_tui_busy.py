@@ -4,7 +4,8 @@ client submits held jobs one after another (the submitter's latency). Measured f
 no TUI, then for a stretch with the TUI open on the jobs view (the real app, headless, on the
 daemon's real API through tui.backend.HttpBackend, with its event stream: every job event marks
 its sources stale), between them a stretch with a script that polls the 2,000-job listing back
-to back (as a user of its own, honouring the 429s of its share of the daemon's reads). Prints the daemon's CPU, the submissions' latency (taken in a process of their own)
+to back (as a user of its own, honouring the 429s of its share of the daemon's reads) and one
+with an operator's script polling a day's `sacct` of every user the same way. Prints the daemon's CPU, the submissions' latency (taken in a process of their own)
 and how often the TUI fetched each source. The TUI runs on this machine's two cores as well:
 its own drawing competes with the daemon here, as it would not from an operator's laptop. Run:
     .venv/bin/python tests/bench/bench_tui_busy.py [SECONDS] [WAITING]
@@ -45,13 +46,13 @@ def submitter(url: str, token: str, seconds: float, rate: float = 20.0) -> None:
     print(json.dumps(latencies))
 
 
-def reader(url: str, token: str, stop: threading.Event, pages: list, refused: list) -> None:
-    """A script that polls the job listing (2,000 rows a page) back to back, without decoding
-    it: the daemon's side of the listing at its most frequent. Refused for its user's share of
-    the daemon's reads (429), it waits the Retry-After out, as trainyard's client does."""
+def reader(url: str, token: str, stop: threading.Event, pages: list, refused: list, path: str, params: dict) -> None:
+    """A script that polls a listing back to back, without decoding it: the daemon's side of
+    the listing at its most frequent. Refused for its user's share of the daemon's reads (429),
+    it waits the Retry-After out, as trainyard's client does."""
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
         while not stop.is_set():
-            r = c.get("/v1/jobs", params={"limit": 2000})
+            r = c.get(path, params=params)
             if r.status_code == 429:
                 refused.append(1)
                 stop.wait(float(r.headers["retry-after"]))
@@ -60,14 +61,20 @@ def reader(url: str, token: str, stop: threading.Event, pages: list, refused: li
             pages.append(1)
 
 
-def with_reader(url: str, token: str, pid: int, seconds: float) -> tuple[dict, int, int]:
-    """The reader runs as a user of its own ("poller"): the share of the reads is per user."""
+# what the pollers ask for: the 2,000-job page (as a user), a day's sacct of every user (as an
+# operator's dashboard script would)
+POLLS = {"jobs": ("user", "/v1/jobs", {"limit": 2000}), "sacct": ("operator", "/v1/accounting/jobs", {})}
+
+
+def with_reader(url: str, token: str, pid: int, seconds: float, poll: str) -> tuple[dict, int, int]:
+    """The reader runs as a user of its own ("poller-<poll>"): the share of the reads is per user."""
+    role, path, params = POLLS[poll]
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
-        r = c.post("/v1/tokens", json={"user": "poller", "role": "user"})
+        r = c.post("/v1/tokens", json={"user": f"poller-{poll}", "role": role})
         r.raise_for_status()
         own = r.json()["token"]
     stop, pages, refused = threading.Event(), [], []
-    t = threading.Thread(target=reader, args=(url, own, stop, pages, refused), daemon=True)
+    t = threading.Thread(target=reader, args=(url, own, stop, pages, refused, path, params), daemon=True)
     t.start()
     try:
         return stretch(url, token, pid, seconds), len(pages), len(refused)
@@ -135,7 +142,8 @@ def main() -> None:
         keep_busy(url, token, waiting)
         time.sleep(3)
         base = stretch(url, token, proc.pid, seconds)
-        polled, pages, refused = with_reader(url, token, proc.pid, seconds)
+        polled, pages, refused = with_reader(url, token, proc.pid, seconds, "jobs")
+        sacct, windows, sacct_refused = with_reader(url, token, proc.pid, seconds, "sacct")
         r, fetched, rows = asyncio.run(with_tui(url, token, proc.pid, seconds))
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
             left = c.get("/v1/cluster").json()["jobs_by_state"]
@@ -144,6 +152,8 @@ def main() -> None:
     print(line("no TUI      ", base))
     print(line("a reader    ", polled) + f"; the reader got {pages} pages of 2,000 jobs, one after another "
           f"(refused {refused} times for its share of the reads, waiting out each Retry-After)")
+    print(line("sacct poller", sacct) + f"; an operator's script got {windows} days of sacct (every user's "
+          f"jobs), one after another (refused {sacct_refused} times)")
     print(line("TUI on jobs ", r))
     print(f"the TUI's fetches in {seconds:.0f} s: "
           + ", ".join(f"{k} {v}" for k, v in sorted(fetched.items()))

@@ -1,5 +1,5 @@
-"""Job listings built in reader processes: the page is the one the daemon's own threads build,
-for every viewer and encoding; a reader that dies costs no page; the readers end with the
+"""Job listings and sacct windows built in reader processes: the page is the one the daemon's
+own threads build, for every viewer and encoding; a reader that dies costs no page; the readers end with the
 daemon, whether it stops or is killed (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
@@ -66,6 +66,32 @@ def test_a_reader_process_builds_the_page_the_daemon_would(daemon, viewer, accep
     if viewer is ANN:  # the hidden environments stay hidden when a reader builds the page
         others = [j for j in decoded(body, gzipped) if j["user"] != "ann"]
         assert others and all(set(j["env"].values()) <= {None} for j in others)
+
+
+@pytest.mark.parametrize("viewer", [OPERATOR, ANN], ids=["operator", "ann"])
+@pytest.mark.parametrize("accept", ["gzip", None], ids=["gzip", "plain"])
+def test_a_reader_process_answers_sacct_as_the_daemon_would(daemon, viewer, accept):
+    q = daemon.accounting.sacct(viewer, None, None)  # the last day, as `trainyard sacct` asks
+    served = daemon.readers.served
+    got = decoded(*asyncio.run(daemon.sacct_page(viewer, q, accept)))
+    assert daemon.readers.served == served + 1  # a window is read in a reader
+    want = daemon.accounting.jobs(viewer, None, None)  # in this process, as a read thread would
+    assert got == json.loads(json.dumps(want))
+    jobs = got["jobs"]
+    assert len(jobs) == (400 if viewer is OPERATOR else sum(1 for j in jobs if j["user"] == "ann")) > 0
+    # a job that names no account is charged to its user's team in the configuration
+    assert {j["account"] for j in jobs if j["user"] == "ann"} >= {"vision"}
+    if viewer is OPERATOR:
+        assert {j["account"] for j in jobs if j["user"] == "bob"} >= {"speech"}
+        assert {j["account"] for j in jobs if j["user"] == "cy"} >= {"default"}
+
+
+def test_sacct_of_named_jobs_is_read_on_a_thread(daemon):
+    q = daemon.accounting.sacct(OPERATOR, None, None, ids=frozenset({3, 5}))
+    served = daemon.readers.served
+    got = decoded(*asyncio.run(daemon.sacct_page(OPERATOR, q, None)))
+    assert daemon.readers.served == served  # a few named jobs: not worth a process
+    assert {j["id"] for j in got["jobs"]} == {3, 5}
 
 
 def test_a_reader_that_dies_costs_no_page(daemon):

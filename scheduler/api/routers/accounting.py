@@ -10,7 +10,7 @@ from ... import models as m
 from ...daemon import Invalid
 from ..deps import DaemonDep, Who
 from ..errors import responses
-from .common import AcceptEncoding, Json, listing
+from .common import AcceptEncoding, Json, body_response
 from .jobs import JobIds, job_ids
 
 router = APIRouter(prefix="/v1/accounting", tags=["accounting"])
@@ -31,9 +31,8 @@ async def accounting_jobs(d: DaemonDep, who: Who, start: Epoch = None, end: Epoc
     if bad:
         raise Invalid(f"state: unknown job state {sorted(bad)[0]!r}; one of {', '.join(m.JOB_STATES)}",
                       "state")
-    wanted = job_ids(ids)
-    return await d.read_off_loop(
-        lambda: listing(d.accounting.jobs(who, start, end, user, states, limit, wanted), accept_encoding), who)
+    q = d.accounting.sacct(who, start, end, user, states, limit, job_ids(ids))
+    return body_response(*await d.sacct_page(who, q, accept_encoding))
 
 
 @router.get("/report", responses=responses(403))
