@@ -26,6 +26,11 @@ SOON = 0.2  # seconds: coalesces a burst of events into one fetch per source
 # times a second (tests/bench/bench_tui_busy.py). Paced, one TUI asks for at most a fifth of
 # the daemon's time per source, however busy the cluster and however long its pages.
 PACE = 4.0
+# However cheap its fetch, a source the events mark stale is fetched at most this often: with the
+# measuring of each table cell gone, a TUI on a busy cluster fetched the cluster, nodes and
+# queues 3-4 times a second (tests/bench/bench_tui_busy.py), more than eyes read, and each open
+# TUI costs the daemon that. The refresh interval and a user's own refresh (r) are not held to it.
+MIN_GAP = 0.5
 BACKOFF_MAX = 10.0
 
 
@@ -123,9 +128,9 @@ class RefreshMixin:
 
     def _rearm(self, source: str, delay: float) -> None:
         self._inflight.discard(source)
-        if source in self._again:
+        if source in self._again:  # asked for again while it was fetched: an event, mostly
             self._again.discard(source)
-            delay = SOON
+            delay = MIN_GAP
         delay = max(delay, self.gap(source))
         self._source_timers[source] = self.set_timer(delay, partial(self.fetch, source))
 
@@ -169,7 +174,7 @@ class RefreshMixin:
             return
         if timer is not None:
             timer.stop()
-        paced = self._ended.get(source, 0.0) + self.gap(source) - time.monotonic()
+        paced = self._ended.get(source, 0.0) + max(MIN_GAP, self.gap(source)) - time.monotonic()
         timer = self.set_timer(max(SOON, paced), partial(self.fetch, source))
         timer._soon = True  # type: ignore[attr-defined]
         self._source_timers[source] = timer

@@ -463,6 +463,35 @@ async def test_a_slow_source_is_fetched_again_no_sooner_than_pace_times_its_fetc
         assert min(gaps) >= took * (1 + PACE) * 0.95, gaps
 
 
+async def test_a_cheap_source_is_fetched_at_most_every_min_gap_under_a_flood_of_events():
+    """The cluster summary answers in a few milliseconds; a job event every 20 ms still brings
+    a fetch of it no more often than every MIN_GAP, not 0.2 s after each answer."""
+    import time
+
+    from tui.refresh import MIN_GAP
+
+    backend = FakeBackend()
+    app = make_app(backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        starts: list[float] = []
+        fetch = app.fetch
+
+        def timed(source: str) -> None:
+            if source == "cluster":
+                starts.append(time.monotonic())
+            fetch(source)
+
+        app.fetch = timed
+        t0 = time.monotonic()
+        while len(starts) < 4 and time.monotonic() - t0 < 60.0:
+            app.soon("cluster")
+            await pilot.pause(0.02)
+        assert len(starts) >= 3, "the events brought no fetch of the cluster at all"
+        gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+        assert min(gaps) >= MIN_GAP * 0.95, gaps
+
+
 async def test_the_header_is_redrawn_only_when_what_it_shows_changes(backend):
     """Sources answer several times a second on a busy cluster, and the stream brings dozens of
     events: the header's text is built each time, drawn only when it differs."""
