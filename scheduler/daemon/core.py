@@ -356,14 +356,14 @@ class Daemon:
         threads (`_page`)."""
         uses = self.policy.backfill_on_prediction
         return await self._page(who, f.limit >= READER_FROM, (job_page, f, who, uses, accept_encoding),
-                                     lambda: encoded(self.jobs.list(who, f), accept_encoding))
+                                lambda: encoded(self.jobs.list(who, f), accept_encoding))
 
     async def sacct_page(self, who: Caller, q: Sacct, accept_encoding: str | None) -> tuple[bytes, bool]:
         """`GET /v1/accounting/jobs` for a checked request (Accounting.sacct), encoded: a window
         in a reader process once they are up (a day's is ~0.16 s on a busy cluster), jobs named
         by id (sacct -j) on the read threads (`_page`)."""
         return await self._page(who, not q.ids, (sacct_page, q, accept_encoding),
-                                     lambda: encoded(sacct_jobs(self.engine, q), accept_encoding))
+                                lambda: encoded(sacct_jobs(self.engine, q), accept_encoding))
 
     async def stop(self) -> None:
         self._running = False
