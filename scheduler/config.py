@@ -11,6 +11,8 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .units import parse_listen
+
 if TYPE_CHECKING:
     from .daemon_config import DaemonConfig
 
@@ -53,13 +55,6 @@ def read_private(path: str, what: str) -> str:
         raise ValueError(f"{what}: {str(p)!r} is readable by others (mode {stat.S_IMODE(mode):o}); "
                          "chmod 600 it")
     return text
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8471")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 def __getattr__(name: str):

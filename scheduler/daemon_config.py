@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from pydantic import ConfigDict
 
 from .health import HealthRules
 from .planner.policy import PolicyConfig
-from .settings import DaemonSettings, NodesSettings, Settings, SettingsError
+from .settings import DaemonSettings, NodesSettings, Settings, read_toml
 
 
 class DaemonConfig(DaemonSettings):
@@ -70,16 +69,3 @@ class DaemonConfig(DaemonSettings):
     def health(self) -> dict[str, Any]:
         """The raw [health] table (use `health_rules`)."""
         return dict(self.document.get("health", {}))
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """A TOML file as a dict; SettingsError says in one line why it cannot be read."""
-    p = Path(path).expanduser()
-    try:
-        return tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise SettingsError([f"config file {str(p)!r} does not exist"]) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SettingsError([f"cannot read config file {str(p)!r}: {e}"]) from None
-    except tomllib.TOMLDecodeError as e:
-        raise SettingsError([f"config file {str(p)!r} is not valid TOML: {e}"]) from None

@@ -9,6 +9,7 @@ The planner stays free of pydantic: `to_policy()` and `to_health()` build its fr
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import Mapping
 from dataclasses import replace
 from itertools import pairwise
@@ -32,7 +33,7 @@ from .containers import DEFAULT_HIGH_WATER_GB, DEFAULT_PULL_TIMEOUT_S
 from .health import ACTIONS, DRAIN_NODE, FATAL_XIDS, HealthRules
 from .planner.policy import ORDERS, PRESETS, QUEUEINGS, PolicyConfig, QueuePolicy, TeamQuota
 from .settings_messages import describe, short
-from .units import UnitError, format_duration, parse_duration
+from .units import UnitError, format_duration, parse_duration, parse_listen
 
 POLICIES = PRESETS
 # trainyard user names as the API accepts them; Unix account names as useradd accepts them
@@ -95,8 +96,6 @@ def _agent_dir(value: str) -> str:
 
 
 def _listen(value: str) -> str:
-    from .config import parse_listen
-
     try:
         parse_listen(value)
     except ValueError:
@@ -542,8 +541,6 @@ class Settings(_Table):
 
     @classmethod
     def load(cls, path: str | Path) -> Settings:
-        from .daemon_config import read_toml
-
         return cls.from_toml(read_toml(path), str(Path(path).expanduser()))
 
     # -------------------------------------------------------------------------- the edge
@@ -600,3 +597,16 @@ class Settings(_Table):
 
 def _preset(name: str) -> PolicyConfig:
     return PolicyConfig.preset(name)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file as a dict; SettingsError says in one line why it cannot be read."""
+    p = Path(path).expanduser()
+    try:
+        return tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise SettingsError([f"config file {str(p)!r} does not exist"]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SettingsError([f"cannot read config file {str(p)!r}: {e}"]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise SettingsError([f"config file {str(p)!r} is not valid TOML: {e}"]) from None

@@ -1,4 +1,5 @@
-"""Durations and memory sizes as Slurm users write them: the one parser for both.
+"""Durations and memory sizes as Slurm users write them: the one parser for both (and the
+daemon's HOST:PORT, which the CLI and the configuration both read).
 
 Stdlib only, so the CLI, the API, the configuration layer and the planner's callers give the
 same answer and the same message for the same value.
@@ -114,3 +115,11 @@ def parse_mem(value: object, key: str = "mem") -> int:
     if mib > MAX_MEM_MIB:
         raise UnitError(key, f"{value!r} is more than 64 PiB ({MAX_MEM_MIB} MiB)")
     return math.ceil(mib)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """A listen address, HOST:PORT (an IPv6 host in brackets; no host: loopback)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8471")
+    return host.strip("[]") or "127.0.0.1", int(port)

@@ -257,3 +257,17 @@ def format_lines(fmt: str, rows: list[Callable[[str], str]], headers: dict[str, 
 
     lines = [render(lambda letter: headers.get(letter, letter.upper()))] if header else []
     return lines + [render(lambda letter, t=t: t[letter]) for t in texts]
+
+
+def api_fields(url: str) -> set[str] | None:
+    """The job submit fields the daemon declares in its OpenAPI schema (None if it cannot tell)."""
+    import httpx
+
+    try:
+        schema = httpx.get(f"{url.rstrip('/')}/openapi.json", timeout=10).json()
+        for name, model in schema.get("components", {}).get("schemas", {}).items():
+            if name == "JobSubmit":
+                return set(model.get("properties", {}))
+    except (httpx.HTTPError, ValueError):
+        return None
+    return None

@@ -26,6 +26,7 @@ from .api import (
     SLURM_STATE,
     STATE_CODES,
     JobRefs,
+    api_fields,
     call,
     client,
     fail,
@@ -297,20 +298,6 @@ def scancel(job_ids, me, users, states, names, partition, accounts, nodelist, si
 
 
 # ----------------------------------------------------------------------------- sbatch
-def _api_fields(url: str) -> set[str] | None:
-    """The job submit fields the daemon declares in its OpenAPI schema (None if it cannot tell)."""
-    import httpx
-
-    try:
-        schema = httpx.get(f"{url.rstrip('/')}/openapi.json", timeout=10).json()
-        for name, model in schema.get("components", {}).get("schemas", {}).items():
-            if name == "JobSubmit":
-                return set(model.get("properties", {}))
-    except (httpx.HTTPError, ValueError):
-        return None
-    return None
-
-
 @click.command("sbatch", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
                                            "help_option_names": ["--help"]})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
@@ -338,7 +325,7 @@ def sbatch(args):
         click.echo(spec.warning(), err=True)
     c = client()
     body = spec.to_submit_body(text)
-    known = _api_fields(c.url)
+    known = api_fields(c.url)
     if known is not None:
         dropped = sorted(k for k in body if k not in known)
         if dropped:

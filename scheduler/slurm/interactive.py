@@ -23,7 +23,7 @@ from urllib.parse import urlencode
 
 import click
 
-from .api import EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, call, client, fail
+from .api import EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, api_fields, call, client, fail
 
 # the step of an allocation: it holds the job's nodes, GPUs and cgroups until the job is cancelled
 HOLDER = ["sleep", "infinity"]
@@ -169,7 +169,6 @@ def _split(args: tuple[str, ...], prog: str) -> tuple[list[str], list[str], dict
 def _submit(c, prog: str, options: list[str], command: list[str]) -> tuple[dict, str | None]:
     """Submit the allocation's job: the job, and where its terminal starts (here, unless
     --chdir named the job's directory)."""
-    from .commands import _api_fields
     from .sbatch import SbatchError, parse
 
     try:
@@ -185,7 +184,7 @@ def _submit(c, prog: str, options: list[str], command: list[str]) -> tuple[dict,
         body.pop(key, None)
     if "chdir" in spec.origins:
         body["workdir"] = spec.workdir
-    known = _api_fields(c.url)
+    known = api_fields(c.url)
     if known is not None:
         body = {k: v for k, v in body.items() if k in known}
     job = call(c.submit, body, prog=prog)
