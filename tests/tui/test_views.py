@@ -421,6 +421,29 @@ async def test_queues_view_says_why_each_queue_waits(backend):
         assert f"AssocGrpGRES {mine}" in row
 
 
+async def fetch_gaps(app, pilot, source: str, every: float, fetches: int) -> list[float]:
+    """Marks `source` stale every `every` seconds, as a busy cluster's job events do, until it
+    has been fetched `fetches` times (bounded at 60 s: on a loaded machine a paced fetch takes
+    longer), and returns the gaps between the fetches' starts."""
+    import time
+
+    starts: list[float] = []
+    fetch = app.fetch
+
+    def timed(name: str) -> None:
+        if name == source:
+            starts.append(time.monotonic())
+        fetch(name)
+
+    app.fetch = timed
+    t0 = time.monotonic()
+    while len(starts) < fetches and time.monotonic() - t0 < 60.0:
+        app.soon(source)
+        await pilot.pause(every)
+    assert len(starts) >= fetches - 1, f"the events brought no fetch of the {source} at all"
+    return [b - a for a, b in zip(starts, starts[1:], strict=False)]
+
+
 async def test_a_slow_source_is_fetched_again_no_sooner_than_pace_times_its_fetch():
     """On a busy cluster every job event marks the jobs stale: a source whose fetch takes long
     (a page of thousands of jobs) is fetched again only PACE times that long after its answer,
@@ -441,23 +464,7 @@ async def test_a_slow_source_is_fetched_again_no_sooner_than_pace_times_its_fetc
     app = make_app(backend)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        starts: list[float] = []
-        fetch = app.fetch
-
-        def timed(source: str) -> None:
-            if source == "jobs":
-                starts.append(time.monotonic())
-            fetch(source)
-
-        app.fetch = timed
-        t0 = time.monotonic()
-        # a job event every 50 ms, as a busy cluster sends, until three fetches (bounded: on a
-        # loaded machine a fetch, and so its pace, takes longer than the sleep)
-        while len(starts) < 3 and time.monotonic() - t0 < 60.0:
-            app.soon("jobs")
-            await pilot.pause(0.05)
-        assert len(starts) >= 2, "the events brought no fetch of the jobs at all"
-        gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+        gaps = await fetch_gaps(app, pilot, "jobs", every=0.05, fetches=3)
         # each fetch took at least `took` (its sleep): the next began no sooner than PACE times
         # that after it answered
         assert min(gaps) >= took * (1 + PACE) * 0.95, gaps
@@ -466,29 +473,12 @@ async def test_a_slow_source_is_fetched_again_no_sooner_than_pace_times_its_fetc
 async def test_a_cheap_source_is_fetched_at_most_every_min_gap_under_a_flood_of_events():
     """The cluster summary answers in a few milliseconds; a job event every 20 ms still brings
     a fetch of it no more often than every MIN_GAP, not 0.2 s after each answer."""
-    import time
-
     from tui.refresh import MIN_GAP
 
-    backend = FakeBackend()
-    app = make_app(backend)
+    app = make_app(FakeBackend())
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        starts: list[float] = []
-        fetch = app.fetch
-
-        def timed(source: str) -> None:
-            if source == "cluster":
-                starts.append(time.monotonic())
-            fetch(source)
-
-        app.fetch = timed
-        t0 = time.monotonic()
-        while len(starts) < 4 and time.monotonic() - t0 < 60.0:
-            app.soon("cluster")
-            await pilot.pause(0.02)
-        assert len(starts) >= 3, "the events brought no fetch of the cluster at all"
-        gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+        gaps = await fetch_gaps(app, pilot, "cluster", every=0.02, fetches=4)
         assert min(gaps) >= MIN_GAP * 0.95, gaps
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import Header, Response
 from fastapi.responses import JSONResponse
 
-from ...daemon.views import encoded, json_bytes
+from ...daemon.views import json_bytes
 
 # the client's Accept-Encoding, for the listings that may be sent compressed
 AcceptEncoding = Annotated[str | None, Header(include_in_schema=False)]
@@ -21,13 +21,6 @@ class Json(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json_bytes(content)
-
-
-def listing(content: Any, accept_encoding: str | None) -> Response:
-    """A list endpoint's answer in JSON (orjson, as `Json`), gzip-compressed when it is long and
-    the client's Accept-Encoding admits gzip (httpx, and so the CLI and TUI, and curl
-    --compressed ask for it): a page of 5,000 jobs is megabytes that compress several-fold."""
-    return body_response(*encoded(content, accept_encoding))
 
 
 def body_response(body: bytes, gzipped: bool) -> Response:
