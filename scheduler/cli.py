@@ -957,6 +957,46 @@ def events(since, limit, follow, as_json):
 
 
 @cli.command()
+@click.option("--reset", is_flag=True, help="Start the counts and worst cases again from now (operators).")
+@json_option
+def diag(reset, as_json):
+    """The daemon's own load, as Slurm's sdiag: how late its event loop runs (every request and
+    agent report waits that long), its scheduling cycles, the jobs it took in and ended, the
+    agents' messages and the API's requests (by user, for operators) since it started or the
+    last --reset."""
+    d = api(client().diag, reset)
+    if as_json:
+        print_json(d)
+        return
+    lag, cyc, jobs, agents, req = d["loop"], d["scheduler"], d["jobs"], d["agents"], d["api"]
+    ended = ", ".join(f"{k} {v:,}" for k, v in jobs.items() if k not in ("submitted", "started", "now"))
+    now = ", ".join(f"{k} {v:,}" for k, v in jobs["now"].items())
+    slow = next(v for k, v in lag.items() if k.startswith("over_"))
+    rows = [
+        ["daemon", f"{d['role']} ({d['database']}), pid {d['pid']}, up {fmt_duration(d['uptime_s'])}"
+                   + (f"; {d['reason']}" if d.get("reason") else "")],
+        ["since", f"{fmt_time(d['since'])} ({fmt_duration(d['window_s'])})" + ("; reset now" if reset else "")],
+        ["event loop lag", f"last {lag['last_ms']:.1f} ms, mean {lag['mean_ms']:.1f} ms, p99 {lag['p99_ms']:.1f} ms "
+                           f"(last {lag['window_samples']:,} samples), max {lag['max_ms']:.1f} ms; "
+                           f"{slow:,} of {lag['samples']:,} samples over "
+                           f"{next(k for k in lag if k.startswith('over_')).removeprefix('over_')}"],
+        ["scheduling", f"{cyc['cycles']:,} cycles, last {cyc['last_ms']:.1f} ms, mean {cyc['mean_ms']:.1f} ms, "
+                       f"max {cyc['max_ms']:.1f} ms; last queue length {cyc['last_queue_length']:,}; "
+                       f"{cyc['jobs_started']:,} jobs started"],
+        ["jobs", f"submitted {jobs['submitted']:,}, started {jobs['started']:,}; ended: {ended}"],
+        ["jobs now", now or "none"],
+        ["agents", f"{agents['connected']} of {agents['nodes']} nodes connected; {agents['messages']:,} "
+                   f"messages ({agents['messages_per_s']:,}/s)"],
+        ["api", f"{req['requests']:,} requests ({req['requests_per_s']:,}/s) from {req['users']} "
+                f"user{'' if req['users'] == 1 else 's'}; {req['reads_throttled']:,} reads throttled"],
+    ]
+    rows += [["  " + u["user"], f"{u['requests']:,} requests"] for u in req.get("by_user", [])]
+    width = max(len(r[0]) for r in rows)
+    for label, text in rows:
+        click.echo(f"{label:<{width}}  {text}")
+
+
+@cli.command()
 @json_option
 def whoami(as_json):
     """Show who the configured token belongs to, and its role."""

@@ -198,6 +198,10 @@ class Client:
     def cluster(self) -> dict:
         return self._call("GET", "/v1/cluster")
 
+    def diag(self, reset: bool = False) -> dict:
+        """The daemon's own load (sdiag); with `reset`, its counts start again (operators)."""
+        return self._call("POST", "/v1/diag/reset") if reset else self._call("GET", "/v1/diag")
+
     # jobs
     def jobs(self, all: bool = False, state: str | None = None, user: str | None = None,
              queue: str | None = None, limit: int | None = None, ids: str | None = None) -> list[dict]:

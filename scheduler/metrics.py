@@ -140,6 +140,11 @@ class Metrics:
         self.submit_to_running = Histogram(
             "trainyard_submit_to_running_seconds", "From submission to RUNNING",
             buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.loop_lag = Histogram(
+            "trainyard_event_loop_lag_seconds",
+            "How late the daemon's event loop ran a timer due now, sampled ten times a second: every "
+            "request, agent report and scheduling cycle waits at least this long",
+            buckets=LATENCY_BUCKETS, registry=self.registry)
         self.gc_pause = Histogram(
             "trainyard_gc_pause_seconds",
             "Pauses of the daemon's garbage collector, by generation (the event loop waits for each)",

@@ -32,10 +32,12 @@ async def caller(request: Request,
     if cred is None or cred.scheme.lower() != "bearer" or not cred.credentials:
         raise HTTPException(401, "missing bearer token: set TRAINYARD_TOKEN or run `trainyard token create`",
                             headers={"WWW-Authenticate": "Bearer"})
-    who = the_daemon(request).tokens.authenticate(cred.credentials.strip(), peer(request))
+    daemon = the_daemon(request)
+    who = daemon.tokens.authenticate(cred.credentials.strip(), peer(request))
     if who is None:
         raise HTTPException(401, "invalid token: it is unknown to this daemon", headers={"WWW-Authenticate": "Bearer"})
     request.state.caller = who
+    daemon.diag.request(who.user)
     return who
 
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import getpass
 import logging
+import os
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -30,7 +31,9 @@ from .accounting import Accounting, Sacct, sacct_jobs
 from .autoscale import Autoscaler, ansible_bootstrap
 from .caller import Caller
 from .clock import Clock
+from .diag import Diag
 from .dispatch import Dispatcher
+from .errors import Forbidden
 from .gpuhealth import HealthMonitor
 from .healthgate import GateConfig, HealthGate
 from .idle import IdlePolicy, IdleReclaimer
@@ -115,6 +118,8 @@ class Daemon:
         self.readmodel = MetricsReadModel(self.store, self.links, self.clock,
                                           lambda user: self.policy.user_team.get(user, "default"))
         self.metrics = Metrics(self.readmodel)
+        self.diag = Diag(self.clock.time, self.metrics.loop_lag)  # the daemon's own load (sdiag)
+        self._diag_base: dict[str, int] = {}  # the job counters at the last reset
         # after-commit hooks: the read model first (job.allocation is still set on a requeue)
         self.store.on_job_state += [self.readmodel.on_job_state, self.metrics.on_job_state]
         self.prediction = RunTimePrediction(self.store)  # learns run times from jobs that end
@@ -161,6 +166,7 @@ class Daemon:
                                      self._queue_selector)
         self.autoscaler.check()  # a pool that is not AWS in the stack: refused at start
         self.cycle.refine_reason = self.autoscaler.pending_reason
+        self.cycle.on_cycle = self.diag.cycle
         self._logs_expire_at = 0.0
         # long reads of committed state (a page of thousands of jobs, a day's sacct) run here
         self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reads")
@@ -245,10 +251,11 @@ class Daemon:
 
     async def start(self) -> None:
         self._running = True
+        self._tasks = [asyncio.create_task(self.diag.probe(lambda: self._running), name="loop-lag")]
         if self.leadership.postgres:  # stand by until elected (DESIGN.md boundary 7)
-            self._tasks = [asyncio.create_task(
+            self._tasks.append(asyncio.create_task(
                 self.leadership.campaign(self._take_office, self._step_down, lambda: self._running),
-                name="campaign")]
+                name="campaign"))
         else:
             await self._start_office()
 
@@ -398,6 +405,7 @@ class Daemon:
 
     # ---------------------------------------------------------------- agents
     def on_agent_message(self, name: str, msg: dict) -> None:
+        self.diag.agent_messages += 1
         ev = msg.get("ev")
         try:
             if ev == "telemetry":
@@ -556,11 +564,76 @@ class Daemon:
     def gpu_usage(self, s: Session) -> dict[str, int]:
         return Overview.gpu_usage(s)
 
+    # ---------------------------------------------------------------- its own load (sdiag)
+    def _job_totals(self) -> dict[str, int]:
+        """The job counters since the daemon started: submitted, started, and ended by state."""
+        totals = {"submitted": _counter_total(self.metrics.submitted),
+                  "started": _counter_total(self.metrics.started),
+                  "reads_throttled": _counter_total(self.metrics.reads_throttled)}
+        for metric in self.metrics.finished.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    key = sample.labels["state"].lower()
+                    totals[key] = totals.get(key, 0) + int(sample.value)
+        return totals
+
+    def diag_report(self, who: Caller) -> dict[str, Any]:
+        """GET /v1/diag: the daemon's load since its start or the last reset. Every caller sees
+        the figures; the requests of each user only an operator."""
+        now = self.clock.time()
+        out: dict[str, Any] = {"time": now, "role": self.leadership.role,
+                               "reason": self.leadership.reason or None,
+                               "epoch": self.leadership.epoch or None, "url": self.url,
+                               "database": "postgresql" if self.leadership.postgres else "sqlite",
+                               "pid": os.getpid(), **self.diag.summary(now)}
+        totals = self._job_totals()
+        since = {k: v - self._diag_base.get(k, 0) for k, v in totals.items()}
+        jobs = {"submitted": since.pop("submitted"), "started": since.pop("started")}
+        throttled = since.pop("reads_throttled")
+        for state in (m.COMPLETED, m.FAILED, m.CANCELLED, m.TIMEOUT):
+            jobs[state.lower()] = since.pop(state.lower(), 0)
+        jobs.update(sorted(since.items()))
+        with self.store.read() as s:
+            live: dict[str, int] = {}
+            for state, _queue, n in self.store.job_counts(s, final=False):
+                live[state.lower()] = live.get(state.lower(), 0) + n
+        jobs["now"] = {"pending": live.pop("pending", 0), "running": live.pop("running", 0), **live}
+        out["jobs"] = jobs
+        window = max(out["window_s"], 1e-9)
+        messages = self.diag.agent_messages
+        out["agents"] = {"nodes": len(self.links.names()), "connected": self.links.connected_count(),
+                         "messages": messages, "messages_per_s": round(messages / window, 1)}
+        requests = self.diag.requests
+        api: dict[str, Any] = {"requests": sum(requests.values()),
+                               "requests_per_s": round(sum(requests.values()) / window, 1),
+                               "reads_throttled": throttled, "users": len(requests)}
+        if who.at_least("operator"):
+            api["by_user"] = [{"user": u, "requests": n}
+                              for u, n in sorted(requests.items(), key=lambda kv: (-kv[1], kv[0]))]
+        out["api"] = api
+        return out
+
+    def diag_reset(self, who: Caller) -> dict[str, Any]:
+        """`sdiag --reset`: the counts and worst cases start again from now (operators)."""
+        if not who.at_least("operator"):
+            raise Forbidden(f"resetting the daemon's statistics needs the operator role; {who.user} is "
+                            f"{who.role}")
+        self._diag_base = self._job_totals()
+        self.diag.reset()
+        self.store.audit(who.user, "diag.reset", "daemon", {}, who.address)
+        return self.diag_report(who)
+
     def job_counts(self, s: Session) -> list[tuple[str, str, int]]:
         return self.store.job_counts(s)
 
     def caller(self, user: str, role: str, address: str = "") -> Caller:
         return Caller(user, role, address)
+
+
+def _counter_total(counter) -> int:
+    """The sum of a prometheus_client counter over its labels."""
+    return int(sum(sample.value for metric in counter.collect() for sample in metric.samples
+                   if sample.name.endswith("_total")))
 
 
 __all__ = ["Daemon", "m"]

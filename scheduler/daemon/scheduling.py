@@ -7,7 +7,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from operator import itemgetter
 
 from sqlalchemy import bindparam, func, literal_column, update
@@ -265,6 +265,7 @@ class SchedulingCycle:
         self.interval_s = interval_s
         self.metrics = metrics
         self.last_cycle_s = 0.0
+        self.on_cycle: Callable[[float, int, int], None] | None = None  # (seconds, pending, started)
         self.starting_since: dict[int, float] = {}
         self._pending_cache: dict[int, tuple[tuple, JobView]] = {}
         self._active_cache: dict[int, tuple[tuple, JobView]] = {}
@@ -603,6 +604,8 @@ class SchedulingCycle:
                                   {"reason": p.reason, "for_job": p.for_job, "grace_s": p.grace_period_s})
         self.last_cycle_s = time.perf_counter() - t0
         self.metrics.schedule_cycle.observe(self.last_cycle_s)
+        if self.on_cycle is not None:
+            self.on_cycle(self.last_cycle_s, len(snap.pending), len(started))
         mono = self.clock.monotonic()
         for job in started:
             self.starting_since[job.id] = mono

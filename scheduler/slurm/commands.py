@@ -44,6 +44,7 @@ from .api import (
 from .hostlist import expand
 from .interactive import salloc, srun
 from .scontrol import scontrol
+from .sdiag import sdiag
 from .sinfo import sinfo
 
 SQUEUE_DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
@@ -412,10 +413,10 @@ def sacct(fields, helpformat, refs, starttime, endtime, states, parsable, parsab
 @click.group("slurm")
 def slurm():
     """Slurm's commands, speaking to trainyard: sbatch, squeue, scancel, sacct, sinfo, scontrol,
-    salloc and srun --pty."""
+    salloc, srun --pty and sdiag."""
 
 
-for _cmd in (sbatch, squeue, scancel, sacct, sinfo, scontrol, salloc, srun):
+for _cmd in (sbatch, squeue, scancel, sacct, sinfo, scontrol, salloc, srun, sdiag):
     slurm.add_command(_cmd)
 
 

@@ -192,6 +192,7 @@ async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
     text0 = await metrics_text(url)
     sum0, n0 = cycle_stats(text0)
     gc0 = gc_stats(text0)
+    await c.request("POST", "/v1/diag/reset")  # the event loop's lag over the window (trainyard diag)
     cpu0, t0 = cpu_s(pid) + readers_cpu_s(pid), time.monotonic()  # its readers build the job pages
     lat: dict[str, list[float]] = {"jobs": [], "nodes": [], "nodes_gz": []}
     size: dict[str, int] = {}
@@ -216,6 +217,7 @@ async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
     sum1, n1 = cycle_stats(text1)
     gc1 = gc_stats(text1)
     _, cluster = await c.request("GET", "/v1/cluster")
+    _, diag = await c.request("GET", "/v1/diag")
     await c.close()
     # the probes themselves cost the daemon some CPU: counted, as a user's TUI would be
     return {"nodes": nodes, "cpu_pct": cpu / wall * 100, "rss_mb": rss_mb(pid),
@@ -230,6 +232,8 @@ async def measure(url: str, token: str, pid: int, nodes: int) -> dict:
             "nodes_kb": size["nodes"] / 1024, "nodes_gz_kb": size["nodes_gz"] / 1024,
             "scrape_p50_ms": percentile(scrapes, 50) * 1000, "scrape_p99_ms": percentile(scrapes, 99) * 1000,
             "scrapes_per_s": len(scrapes) / (wall + SCRAPE_S / 3),
+            "lag_p99_ms": diag["loop"]["p99_ms"], "lag_max_ms": diag["loop"]["max_ms"],
+            "lag_mean_ms": diag["loop"]["mean_ms"],
             "running": cluster["jobs_by_state"].get("RUNNING", 0),
             "pending": cluster["jobs_by_state"].get("PENDING", 0)}
 
@@ -362,7 +366,8 @@ def main() -> None:
               f"p50 {r['nodes_gz_p50_ms']:.1f} p99 {r['nodes_gz_p99_ms']:.1f} ms ({r['nodes_gz_kb']:,.0f} KB) "
               f"({r['running']:,} running, {r['pending']:,} pending); Prometheus scraping every node's GPUs "
               f"every {SCRAPE_S} s ({r['scrapes_per_s']:.0f}/s): p50 {r['scrape_p50_ms']:.1f} p99 "
-              f"{r['scrape_p99_ms']:.1f} ms; "
+              f"{r['scrape_p99_ms']:.1f} ms; the daemon's event loop lag (GET /v1/diag) mean {r['lag_mean_ms']:.1f} "
+              f"p99 {r['lag_p99_ms']:.1f} max {r['lag_max_ms']:.1f} ms; "
               + "garbage collector pauses: " + ", ".join(
                   f"generation {g} {r['gc'][f'n{g}']:.0f} (mean {r['gc'][f's{g}'] / max(1, r['gc'][f'n{g}']) * 1000:.1f} ms, "
                   f"{r['gc'][f'long{g}']:.0f} over 25 ms)" for g in "012"))

@@ -36,6 +36,9 @@ async def run(url: str, token: str, pid: int, jobs: int, clients: int, held: boo
     lat: list[float] = []
     ids: list[int] = []
     per = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
+    c = await Connection(url, token).open()
+    await c.request("POST", "/v1/diag/reset")  # the event loop's lag from here (trainyard diag)
+    await c.close()
     cpu0, tree0, own0, t0 = cpu_s(pid), tree_cpu_s(pid), time.process_time(), now()
     busy0 = machine_jiffies()
     await asyncio.gather(*(client(url, token, n, lat, ids, held) for n in per))
@@ -48,6 +51,14 @@ async def run(url: str, token: str, pid: int, jobs: int, clients: int, held: boo
           f"max {max(lat) * 1000:.1f} ms; daemon CPU {cpu / wall * 100:.0f} % of one core, these clients "
           f"(one process) {own / wall * 100:.0f} %; the machine's {os.cpu_count()} cores busy "
           f"{busy_share(busy0, busy1) * 100:.0f} % of the time" + (" (held: the API alone)" if held else ""))
+    c = await Connection(url, token).open()
+    _, diag = await c.request("GET", "/v1/diag")
+    await c.close()
+    lag = diag["loop"]
+    print(f"the daemon's event loop lag while they submitted (GET /v1/diag, {lag['samples']} samples every "
+          f"{lag['every_ms']:g} ms): mean {lag['mean_ms']:.1f} ms, p99 {lag['p99_ms']:.1f} ms, max {lag['max_ms']:.1f} "
+          f"ms; {diag['scheduler']['cycles']:,} scheduling cycles, mean {diag['scheduler']['mean_ms']:.1f} ms, "
+          f"max {diag['scheduler']['max_ms']:.1f} ms")
     if held:
         return
     c = await Connection(url, token).open()

@@ -33,6 +33,21 @@ async def cluster(request: Request, d: DaemonDep, who: Who):
     return Json(out)
 
 
+@router.get("/v1/diag", responses=responses())
+async def diag(d: DaemonDep, who: Who):
+    """The daemon's own load, as Slurm's sdiag shows the controller's (`trainyard diag`,
+    `ty-sdiag`): its event loop's lag, the scheduling cycles, the jobs it took in and ended, the
+    agents' messages and the API's requests, since it started or since the last reset. An
+    operator also sees each user's requests."""
+    return Json(d.diag_report(who))
+
+
+@router.post("/v1/diag/reset", responses=responses(403))
+async def diag_reset(d: DaemonDep, who: Who):
+    """Start the counts and worst cases again from now (operators; `sdiag --reset`)."""
+    return Json(d.diag_reset(who))
+
+
 @router.get("/healthz", response_model=Health)
 async def healthz(d: DaemonDep):
     """Liveness (no token), and which daemon leads: `role` is leader or standby (with why). The
