@@ -387,8 +387,9 @@ class Agent:
         except OSError:
             return True
 
-    def report(self, key: str) -> None:
-        st = self.status(key)
+    def report(self, key: str, st: dict | None = None) -> None:
+        """Tell the daemon where a job is: `st`, the status just read, else read now."""
+        st = self.status(key) if st is None else st
         if st["state"] == "running":
             self.send(P.Started(key, st["pid"], *self.image_of(key)))
         elif st["state"] in ("exited", "lost"):
@@ -577,11 +578,14 @@ class Agent:
                 if self.exists(d, "rc"):
                     self.report(key)
                 elif not info.get("announced", True) and self.exists(d, "pid"):
-                    if self.status(key)["state"] != "starting":
+                    st = self.status(key)
+                    if st["state"] != "starting":
                         info["announced"] = True
-                        self.report(key)
-                elif check_lost and self.status(key)["state"] == "lost":
-                    self.report(key)
+                        self.report(key, st)
+                elif check_lost:
+                    st = self.status(key)
+                    if st["state"] == "lost":
+                        self.report(key, st)
             for key, w in list(self.wrappers.items()):
                 if w.poll() is not None and key not in self.watching:
                     del self.wrappers[key]
