@@ -58,6 +58,13 @@ def test_one_leads_the_other_stands_by_and_points_to_it(pair):
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert f"the leader is at {leader.url}" in r.json()["detail"]
     assert httpx.get(f"{standby.url}/v1/jobs", headers={"Authorization": f"Bearer {standby.token}"}).status_code == 200
+    # each says what it is in its own load report (trainyard diag): the standby's loop is measured too
+    diags = {d: httpx.get(f"{d.url}/v1/diag", headers={"Authorization": f"Bearer {d.token}"}).json()
+             for d in (leader, standby)}
+    assert (diags[leader]["role"], diags[standby]["role"]) == ("leader", "standby")
+    assert "another daemon holds the leader lock" in diags[standby]["reason"]
+    assert {x["database"] for x in diags.values()} == {"postgresql"}
+    assert diags[standby]["loop"]["samples"] > 0 and diags[standby]["agents"]["nodes"] == 0
     # a client given both addresses follows the leader, whichever it is given first
     both = Client(f"{standby.url},{leader.url}", leader.token)
     assert both.submit({"command": ["true"], "hold": True})["state"] == "PENDING"
