@@ -124,7 +124,8 @@ class Metrics:
         self.registry.register(_ClusterCollector(cluster))
         self.submitted = Counter("trainyard_jobs_submitted", "Jobs submitted", ["queue"],
                                  registry=self.registry)
-        self.started = Counter("trainyard_jobs_started", "Job runs started (RUNNING)", ["queue"],
+        self.started = Counter("trainyard_jobs_started",
+                               "Job runs started (RUNNING, or ended before their start was reported)", ["queue"],
                                registry=self.registry)
         self.finished = Counter("trainyard_jobs_finished", "Job runs ended, by end state",
                                 ["state", "queue"], registry=self.registry)
@@ -171,6 +172,11 @@ class Metrics:
         if new == m.RUNNING:
             self.job_started(job.queue)
         elif new in RUN_END_STATES:
+            # a run that ended before its start was reported (a job of a few milliseconds: the
+            # agent's started and exited reports in one commit) ran all the same: it has an exit
+            # code, which a launch that failed or a cancel before the start does not
+            if old == m.CONFIGURING and getattr(job, "exit_code", None) is not None:
+                self.job_started(job.queue)
             self.job_finished(new, job.queue)
 
     # --- what the routes serve

@@ -582,6 +582,9 @@ class ClusterRead(Open):
     jobs_by_state: dict[str, int]
     problems: list[str] = Field(default_factory=list, description="what the daemon cannot do now, and why")
     role: Literal["leader", "standby"] = "leader"
+    loop_lag_p99_ms: float | None = Field(
+        None, description="how late the daemon's event loop ran its timers, p99 of the last minute; "
+                          "null in its first 10 s (GET /v1/diag has the rest)")
 
 
 class Health(Open):

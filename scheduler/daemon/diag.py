@@ -43,9 +43,11 @@ class LagStats:
         self.slow += lag >= SLOW_LAG_S
         self.recent.append(lag)
 
-    def p99(self) -> float:
-        if not self.recent:
-            return 0.0
+    def p99(self, need: int = 1) -> float | None:
+        """The 99th percentile of the recent samples; None with fewer than `need` of them (of
+        fewer than 100, it is the worst: the start's first sample would stand for a minute)."""
+        if len(self.recent) < max(need, 1):
+            return None if need > 1 else 0.0
         ordered = sorted(self.recent)
         return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 

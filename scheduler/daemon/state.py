@@ -349,7 +349,8 @@ class StateStore:
                                    attained_gpu_s=job.attained_gpu_s, allocation=list(job.allocation or ()),
                                    mail_type=job.mail_type or "", mail_user=job.mail_user or "",
                                    notify_url=job.notify_url or "",
-                                   start_time=job.start_time, end_time=job.end_time, reason=reason)
+                                   start_time=job.start_time, end_time=job.end_time, reason=reason,
+                                   exit_code=detail.get("exit_code", job.exit_code))
             for hook in self.on_job_state:
                 self.after_commit(s, lambda hook=hook, seen=seen, old=old: hook(seen, old))
 

@@ -65,6 +65,21 @@ def test_job_counters_count_submissions_starts_and_ends_by_state():
     assert sum(finished.values()) == 1
 
 
+def test_a_run_that_ended_before_its_start_was_reported_counts_as_started():
+    """A job of a few milliseconds goes from CONFIGURING to its end in one commit (the agent's
+    started and exited reports together): it ran, and has an exit code. A launch that failed or
+    a cancel before the start has none, and did not run."""
+    metrics = Metrics(two_node_cluster())
+    for state, exit_code in ((m.COMPLETED, 0), (m.FAILED, 3), (m.FAILED, None), (m.CANCELLED, None)):
+        metrics.on_job_state(SimpleNamespace(queue="batch", state=state, exit_code=exit_code), m.CONFIGURING)
+    fams = parse(metrics.render().decode())
+    assert samples(fams, "trainyard_jobs_started_total")[(("queue", "batch"),)] == 2
+    finished = samples(fams, "trainyard_jobs_finished_total")
+    assert (finished[(("queue", "batch"), ("state", "COMPLETED"))],
+            finished[(("queue", "batch"), ("state", "FAILED"))],
+            finished[(("queue", "batch"), ("state", "CANCELLED"))]) == (1, 2, 1)
+
+
 def test_team_usage_is_a_counter_per_team():
     c = two_node_cluster()
     c.team_usage = {"vision": 7200.0, "nlp": 0.0}

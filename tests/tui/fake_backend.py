@@ -46,6 +46,7 @@ class FakeBackend:
         self.role = role
         self.name = name
         self.problems: list[str] = []  # the daemon's own (GET /v1/cluster "problems")
+        self.loop_lag_p99_ms = 0.4  # GET /v1/cluster "loop_lag_p99_ms": an idle daemon's
         self.up = True
         self.tick = 0
         self._lock = threading.Lock()
@@ -160,6 +161,7 @@ class FakeBackend:
                 "jobs_running": sum(1 for j in jobs if j["state"] in LAUNCHED),
                 "jobs_pending": sum(1 for j in jobs if j["state"] in ("PENDING", "HELD")),
                 "problems": list(self.problems),
+                "loop_lag_p99_ms": self.loop_lag_p99_ms,
             }
 
     def nodes(self) -> list[dict]:

@@ -401,6 +401,26 @@ async def test_header_shows_the_daemons_own_problems(backend):
         assert "⚠ cannot store jobs' output under /var/lib/trainyard/logs" in screen_text(app)
 
 
+async def test_header_says_when_the_daemon_is_busy(backend):
+    """The daemon's loop lag is in every cluster summary: under the busy threshold the header
+    says nothing of it; past it, a warning with the figure, gone again once the lag falls."""
+    from tui.components.views import BUSY_LAG_MS
+
+    backend.loop_lag_p99_ms = BUSY_LAG_MS - 1
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        assert "daemon busy" not in screen_text(app)
+        backend.loop_lag_p99_ms = 123.4
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert "⚠ daemon busy: its loop lags 123 ms (p99)" in screen_text(app)
+        backend.loop_lag_p99_ms = 2.0
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert "daemon busy" not in screen_text(app)
+
+
 async def test_queues_view_says_why_each_queue_waits(backend):
     pending = [j for j in backend.jobs(all=True) if j["state"] == "PENDING"]
     assert pending  # the fake cluster has waiting jobs

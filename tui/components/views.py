@@ -36,6 +36,11 @@ class Verbs:
         return actions.allowed(action, parameters, self.readonly)
 
 
+# the daemon's event loop lag (p99 of the last minute) from which the header says it is busy: a
+# daemon with room lags a few milliseconds; at 50 its submissions' p99 is past 50 ms
+BUSY_LAG_MS = 50.0
+
+
 class ClusterHeader(Static):
     """Cluster name, who you are, whether the data is live, and the totals."""
 
@@ -67,6 +72,9 @@ class ClusterHeader(Static):
                 text.append(f" ◌ stale {fmt.duration(age)} ", style="bold red")
         for problem in c.get("problems") or ():  # the daemon's own, e.g. job output it cannot store
             text.append(f"  ⚠ {problem}", style="bold red")
+        lag = c.get("loop_lag_p99_ms") or 0
+        if lag >= BUSY_LAG_MS:  # every request and agent report waits that long: `trainyard diag`
+            text.append(f"  ⚠ daemon busy: its loop lags {lag:.0f} ms (p99)", style="bold yellow")
         text.append("\n")
         text.append(" nodes ", style="dim")
         text.append(f"{c.get('nodes_up', '-')}/{c.get('nodes_total', '-')} up")

@@ -30,6 +30,8 @@ async def cluster(request: Request, d: DaemonDep, who: Who):
     out = d.overview.cluster(request.app.version)
     out["problems"] = [p for p in (d.logstore.problem,) if p]  # e.g. job output that cannot be stored
     out["role"] = d.leadership.role
+    p99 = d.diag.lag.p99(need=100)  # a p99 once there are 100 samples (10 s) to take it of
+    out["loop_lag_p99_ms"] = None if p99 is None else round(p99 * 1000, 3)
     return Json(out)
 
 
