@@ -969,28 +969,34 @@ def diag(reset, as_json):
         print_json(d)
         return
     lag, cyc, jobs, agents, req = d["loop"], d["scheduler"], d["jobs"], d["agents"], d["api"]
+
+    def n(count: int, word: str) -> str:  # "1 cycle", "2 cycles"
+        return f"{count:,} {word}{'' if count == 1 else 's'}"
+
     ended = ", ".join(f"{k} {v:,}" for k, v in jobs.items() if k not in ("submitted", "started", "now"))
     now = ", ".join(f"{k} {v:,}" for k, v in jobs["now"].items())
-    slow = next(v for k, v in lag.items() if k.startswith("over_"))
+    slow_key = next(k for k in lag if k.startswith("over_"))
     rows = [
         ["daemon", f"{d['role']} ({d['database']}), pid {d['pid']}, up {fmt_duration(d['uptime_s'])}"
                    + (f"; {d['reason']}" if d.get("reason") else "")],
         ["since", f"{fmt_time(d['since'])} ({fmt_duration(d['window_s'])})" + ("; reset now" if reset else "")],
         ["event loop lag", f"last {lag['last_ms']:.1f} ms, mean {lag['mean_ms']:.1f} ms, p99 {lag['p99_ms']:.1f} ms "
-                           f"(last {lag['window_samples']:,} samples), max {lag['max_ms']:.1f} ms; "
-                           f"{slow:,} of {lag['samples']:,} samples over "
-                           f"{next(k for k in lag if k.startswith('over_')).removeprefix('over_')}"],
-        ["scheduling", f"{cyc['cycles']:,} cycles, last {cyc['last_ms']:.1f} ms, mean {cyc['mean_ms']:.1f} ms, "
+                           f"(last {n(lag['window_samples'], 'sample')}), max {lag['max_ms']:.1f} ms; "
+                           f"{lag[slow_key]:,} of {n(lag['samples'], 'sample')} over {slow_key.removeprefix('over_')}"],
+        ["scheduling", f"{n(cyc['cycles'], 'cycle')}, last {cyc['last_ms']:.1f} ms, mean {cyc['mean_ms']:.1f} ms, "
                        f"max {cyc['max_ms']:.1f} ms; last queue length {cyc['last_queue_length']:,}; "
-                       f"{cyc['jobs_started']:,} jobs started"],
+                       f"{n(cyc['jobs_started'], 'job')} started"],
         ["jobs", f"submitted {jobs['submitted']:,}, started {jobs['started']:,}; ended: {ended}"],
         ["jobs now", now or "none"],
-        ["agents", f"{agents['connected']} of {agents['nodes']} nodes connected; {agents['messages']:,} "
-                   f"messages ({agents['messages_per_s']:,}/s)"],
-        ["api", f"{req['requests']:,} requests ({req['requests_per_s']:,}/s) from {req['users']} "
-                f"user{'' if req['users'] == 1 else 's'}; {req['reads_throttled']:,} reads throttled"],
+        ["agents", f"{agents['connected']} of {n(agents['nodes'], 'node')} connected; "
+                   f"{n(agents['messages'], 'message')} ({agents['messages_per_s']:,}/s)"],
+        ["api", f"{n(req['requests'], 'request')} ({req['requests_per_s']:,}/s) from {n(req['users'], 'user')}; "
+                f"{n(req['reads'], 'read')} of jobs, events or accounting took {req['read_cpu_s']:.2f} s of CPU, "
+                f"{req['reads_throttled']:,} refused (429)"],
     ]
-    rows += [["  " + u["user"], f"{u['requests']:,} requests"] for u in req.get("by_user", [])]
+    rows += [["  " + u["user"], f"{n(u['requests'], 'request')}, {n(u['reads'], 'read')} "
+                                f"({u['read_cpu_s']:.2f} s of CPU), {u['reads_throttled']:,} refused"]
+             for u in req.get("by_user", [])]
     width = max(len(r[0]) for r in rows)
     for label, text in rows:
         click.echo(f"{label:<{width}}  {text}")

@@ -170,8 +170,7 @@ class Daemon:
         self._logs_expire_at = 0.0
         # long reads of committed state (a page of thousands of jobs, a day's sacct) run here
         self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reads")
-        self.read_budget = ReadBudget(config.read_share, config.read_burst_s,
-                                      self.metrics.read_throttled)
+        self.read_budget = ReadBudget(config.read_share, config.read_burst_s, self._read_refused)
         self.readers = ReaderProcesses(self.db_url, config.read_processes)
         self.retention = Retention(self.store, tables.accounting.purge_jobs_after_days,
                                    tables.accounting.purge_events_after_days,
@@ -325,6 +324,7 @@ class Daemon:
         finally:
             if who is not None:
                 self.read_budget.charge(who.user, cost[0])
+                self.diag.read(who.user, cost[0])
 
     async def _on_read_thread(self, fn: Callable[[], T], cost: list[float]) -> T:
         """`fn()` on a read thread, adding the CPU seconds it took to `cost[0]`."""
@@ -565,11 +565,14 @@ class Daemon:
         return Overview.gpu_usage(s)
 
     # ---------------------------------------------------------------- its own load (sdiag)
+    def _read_refused(self, user: str) -> None:
+        self.metrics.read_throttled(user)
+        self.diag.refused(user)
+
     def _job_totals(self) -> dict[str, int]:
         """The job counters since the daemon started: submitted, started, and ended by state."""
         totals = {"submitted": _counter_total(self.metrics.submitted),
-                  "started": _counter_total(self.metrics.started),
-                  "reads_throttled": _counter_total(self.metrics.reads_throttled)}
+                  "started": _counter_total(self.metrics.started)}
         for metric in self.metrics.finished.collect():
             for sample in metric.samples:
                 if sample.name.endswith("_total"):
@@ -589,7 +592,6 @@ class Daemon:
         totals = self._job_totals()
         since = {k: v - self._diag_base.get(k, 0) for k, v in totals.items()}
         jobs = {"submitted": since.pop("submitted"), "started": since.pop("started")}
-        throttled = since.pop("reads_throttled")
         for state in (m.COMPLETED, m.FAILED, m.CANCELLED, m.TIMEOUT):
             jobs[state.lower()] = since.pop(state.lower(), 0)
         jobs.update(sorted(since.items()))
@@ -603,12 +605,17 @@ class Daemon:
         messages = self.diag.agent_messages
         out["agents"] = {"nodes": len(self.links.names()), "connected": self.links.connected_count(),
                          "messages": messages, "messages_per_s": round(messages / window, 1)}
-        requests = self.diag.requests
+        requests, reads = self.diag.requests, self.diag.reads
         api: dict[str, Any] = {"requests": sum(requests.values()),
                                "requests_per_s": round(sum(requests.values()) / window, 1),
-                               "reads_throttled": throttled, "users": len(requests)}
-        if who.at_least("operator"):
-            api["by_user"] = [{"user": u, "requests": n}
+                               "reads": sum(r[0] for r in reads.values()),
+                               "read_cpu_s": round(sum(r[1] for r in reads.values()), 3),
+                               "reads_throttled": sum(r[2] for r in reads.values()), "users": len(requests)}
+        if who.at_least("operator"):  # who loads the daemon, by name: the requests, and what reads cost
+            none = (0, 0.0, 0)
+            api["by_user"] = [{"user": u, "requests": n, "reads": reads.get(u, none)[0],
+                               "read_cpu_s": round(reads.get(u, none)[1], 3),
+                               "reads_throttled": reads.get(u, none)[2]}
                               for u, n in sorted(requests.items(), key=lambda kv: (-kv[1], kv[0]))]
         out["api"] = api
         return out

@@ -101,6 +101,7 @@ class Diag:
         self.cycles = CycleStats()
         self.agent_messages = 0
         self.requests: dict[str, int] = {}  # user -> authenticated API requests
+        self.reads: dict[str, list] = {}  # user -> [long reads, their CPU seconds, refused (429)]
 
     def reset(self) -> None:
         """Counts and worst cases start again from now (`sdiag --reset`)."""
@@ -109,6 +110,15 @@ class Diag:
     # --- what the daemon calls
     def request(self, user: str) -> None:
         self.requests[user] = self.requests.get(user, 0) + 1
+
+    def read(self, user: str, cpu_s: float) -> None:
+        """A read charged to `user`'s share (a page of jobs, a sacct window): what it cost."""
+        r = self.reads.setdefault(user, [0, 0.0, 0])
+        r[0] += 1
+        r[1] += cpu_s
+
+    def refused(self, user: str) -> None:
+        self.reads.setdefault(user, [0, 0.0, 0])[2] += 1
 
     def cycle(self, seconds: float, pending: int, started: int) -> None:
         self.cycles.add(seconds, pending, started, self.clock())

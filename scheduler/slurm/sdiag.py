@@ -62,7 +62,9 @@ def render(d: dict) -> list[str]:
     ]
     if "by_user" in api:
         out.append("Remote Procedure Call statistics by user")
-        out += [f"\t{u['user']:<15} count:{u['requests']}" for u in api["by_user"]]
+        out += [f"\t{u['user']:<15} count:{u['requests']:<8} reads:{u['reads']:<8} "
+                f"read_cpu_time:{round(u['read_cpu_s'] * 1e6)} throttled:{u['reads_throttled']}"
+                for u in api["by_user"]]
     return out
 
 

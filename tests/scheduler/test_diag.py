@@ -121,6 +121,8 @@ def test_the_report_counts_what_the_daemon_did(busy):
     by_user = {u["user"]: u["requests"] for u in after["api"]["by_user"]}
     assert by_user["ann"] >= 4 + 5  # the submissions and the listings
     assert after["api"]["requests"] == sum(by_user.values())
+    ann_row = next(u for u in after["api"]["by_user"] if u["user"] == "ann")
+    assert ann_row["reads"] >= 5 and ann_row["read_cpu_s"] > 0 and ann_row["reads_throttled"] == 0
     assert after["loop"]["samples"] > 0 and after["role"] == "leader" and after["database"] == "sqlite"
     # a user sees the figures but not who else calls the daemon
     mine = ann.diag()

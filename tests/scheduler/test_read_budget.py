@@ -100,9 +100,10 @@ def test_a_user_past_the_share_is_refused_and_others_are_served(daemon):
             await asyncio.sleep(wait)
             again = await c.get("/v1/jobs", params={"all": True, "user": "ann"}, headers=as_ann)
             metrics = await c.get("/metrics")
-            return first, refused, other, submitted, wait, again, metrics
+            diag = await c.get("/v1/diag", headers=as_bob)
+            return first, refused, other, submitted, wait, again, metrics, diag
 
-    first, refused, other, submitted, wait, again, metrics = asyncio.run(scenario())
+    first, refused, other, submitted, wait, again, metrics, diag = asyncio.run(scenario())
     assert first.status_code == 200 and len(first.json()) == 300
     for r in refused:
         assert r.status_code == 429, r.text
@@ -116,6 +117,11 @@ def test_a_user_past_the_share_is_refused_and_others_are_served(daemon):
     assert submitted.json()["id"] in {j["id"] for j in again.json()}
     line = [x for x in metrics.text.splitlines() if x.startswith('trainyard_api_reads_throttled_total{user="ann"}')]
     assert line and float(line[0].split()[-1]) >= 3, metrics.text[-2000:]
+    # an operator's `trainyard diag` names who loads the daemon: ann's reads, their CPU, the refusals
+    by_user = {u["user"]: u for u in diag.json()["api"]["by_user"]}
+    assert by_user["ann"]["reads_throttled"] == 3 and by_user["ann"]["reads"] == 2, by_user["ann"]
+    assert by_user["ann"]["read_cpu_s"] > 0 and by_user["bob"]["reads_throttled"] == 0
+    assert diag.json()["api"]["reads_throttled"] == 3
 
 
 def test_the_cli_waits_the_retry_after_out_and_the_tui_reports_it(daemon_factory):
