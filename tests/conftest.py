@@ -370,7 +370,10 @@ class DaemonProc:
 
     @property
     def token(self) -> str:
-        return tomllib.loads((self.base / "config" / "trainyard" / "client.toml").read_text())["token"]
+        path = self.base / "config" / "trainyard" / "client.toml"
+        # on PostgreSQL the daemon writes it once it leads, which can come after it listens
+        wait_for(path.exists, 20, what="the daemon's first admin token (client.toml)")
+        return tomllib.loads(path.read_text())["token"]
 
     @property
     def public_key(self) -> str:
