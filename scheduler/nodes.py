@@ -136,6 +136,7 @@ class SshSettings:
     reconnect_max_backoff_s: float = 10.0
     telemetry_interval_s: float = 2.0
     connect_concurrency: int = 32  # nodes in the handshake at once (NodeLinks shares one limit)
+    hello_timeout_s: float = 60.0  # an agent started that has not said hello by then: the attempt failed
     pull_timeout_s: float = DEFAULT_PULL_TIMEOUT_S  # an image pull on a node, at most
     image_cache_gb: float = DEFAULT_HIGH_WATER_GB  # a node's image cache, before LRU eviction
 
@@ -368,6 +369,7 @@ async def upload(conn: asyncssh.SSHClientConnection, remote: str, data: bytes) -
 
 MessageHandler = Callable[[str, dict], None]
 StateHandler = Callable[[str, bool, str], Awaitable[None] | None]
+AttemptHandler = Callable[[str], None]
 
 
 class NodeLink:
@@ -375,12 +377,13 @@ class NodeLink:
 
     def __init__(self, target: SshTarget, settings: SshSettings,
                  on_message: MessageHandler, on_link: StateHandler,
-                 handshakes: asyncio.Semaphore | None = None):
+                 handshakes: asyncio.Semaphore | None = None, on_attempt: AttemptHandler | None = None):
         self.target = target
         self.handshakes = handshakes or asyncio.Semaphore(1)  # shared by the links of one daemon
         self.settings = settings
         self.on_message = on_message
         self.on_link = on_link
+        self.on_attempt = on_attempt  # called when an attempt to connect begins (its turn came)
         self.connected = False
         self.last_error = ""
         self._stdin: asyncssh.SSHWriter | None = None
@@ -490,6 +493,8 @@ class NodeLink:
             # hello) at once: a daemon taking over a 1,000-node cluster does not open 1,000
             # handshakes in one burst and time most of them out
             async with self.handshakes:
+                if self.on_attempt is not None:
+                    self.on_attempt(self.name)
                 conn = await connect(self.target, self.settings)
                 self._conn = conn
                 proc, hello = await self._open(conn)
@@ -555,17 +560,26 @@ class NodeLink:
             proc = await conn.create_process(cmd, encoding="utf-8")
         except (OSError, asyncssh.Error) as e:
             raise NodeError(f"cannot start the agent: {describe(e)}") from None
-        async for line in proc.stdout:
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                log.warning("node %s: agent said %r", self.name, line[:200])
-                continue
-            if msg.get("ev") == "hello":
-                return proc, msg
-            if msg.get("ev") == "error" and msg.get("fatal"):
-                proc.close()
-                raise NodeError(one_line(msg.get("error") or "the agent refused to start"))
+        wait = self.settings.hello_timeout_s
+        try:
+            # an agent stuck before its hello (a hung NFS mount, a python that never starts)
+            # would otherwise hold its turn in the handshake queue for good
+            async with asyncio.timeout(wait):
+                async for line in proc.stdout:
+                    try:
+                        msg = json.loads(line)
+                    except ValueError:
+                        log.warning("node %s: agent said %r", self.name, line[:200])
+                        continue
+                    if msg.get("ev") == "hello":
+                        return proc, msg
+                    if msg.get("ev") == "error" and msg.get("fatal"):
+                        proc.close()
+                        raise NodeError(one_line(msg.get("error") or "the agent refused to start"))
+        except TimeoutError:
+            proc.close()
+            raise NodeError(f"the agent started but did not say hello within {wait:g} s "
+                            "(hello_timeout_s): is a file system on the node hung?") from None
         await proc.wait_closed()
         raise NodeError(await self._ended(proc, "before it said hello"))
 

@@ -130,6 +130,7 @@ class DaemonSettings(_Table):
     keepalive_count_max: int = Field(3, ge=1, le=1000)
     reconnect_max_backoff_s: PositiveSeconds = 10.0
     connect_concurrency: int = Field(32, ge=1, le=10_000)  # nodes in the SSH handshake at once
+    hello_timeout_s: PositiveSeconds = 60.0  # an agent started that has not said hello by then: retried
     kill_grace_s: Seconds = 10.0  # SIGTERM -> SIGKILL for cancel, timeout and preemption
     schedule_interval_s: PositiveSeconds = 1.0
     telemetry_interval_s: PositiveSeconds = 2.0

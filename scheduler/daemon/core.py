@@ -110,7 +110,7 @@ class Daemon:
             known_hosts=str(self.known_hosts), connect_timeout_s=config.connect_timeout_s,
             keepalive_interval_s=config.keepalive_interval_s, keepalive_count_max=config.keepalive_count_max,
             reconnect_max_backoff_s=config.reconnect_max_backoff_s, connect_concurrency=config.connect_concurrency,
-            telemetry_interval_s=config.telemetry_interval_s,
+            hello_timeout_s=config.hello_timeout_s, telemetry_interval_s=config.telemetry_interval_s,
             pull_timeout_s=config.nodes.pull_timeout, image_cache_gb=config.nodes.image_cache_gb,
         )
         self.links = NodeLinks(settings, str(self.key_path), self.clock, self.on_agent_message,

@@ -52,6 +52,8 @@ class NodeLinks:
         self._on_problem = on_problem
         self._links: dict[str, NodeLink] = {}
         self.errors: dict[str, str] = {}  # node -> why its link is down
+        # node -> when it was first tried (or lost) and not reached since: its grace clock
+        # (node_grace_s). A node still queued for its turn in the handshake is not in it.
         self.unreachable_since: dict[str, float] = {}
         self.telemetry: dict[str, dict] = {}  # node -> last sample {"time", "gpus", "source"}
         self.addresses: dict[str, str] = {}
@@ -64,10 +66,10 @@ class NodeLinks:
                          agent_dir, node.gpus_total, node.gpu_model, self.min_uid, node.privilege)
 
     def start(self, node: Node) -> None:
-        link = NodeLink(self.target(node), self.settings, self._on_message, self._on_link, self.handshakes)
+        link = NodeLink(self.target(node), self.settings, self._on_message, self._on_link,
+                        self.handshakes, self._on_attempt)
         self._links[node.name] = link
         self.addresses[node.name] = node.address
-        self.unreachable_since.setdefault(node.name, self.clock.time())
         link.start()
 
     async def stop(self, name: str) -> None:
@@ -112,6 +114,16 @@ class NodeLinks:
 
     def problem(self, name: str) -> str:
         return "" if self.connected(name) else self.errors.get(name, "")
+
+    def _on_attempt(self, name: str) -> None:
+        """A node's grace clock starts when the daemon first tries it, not when its link is
+        started: a new leader taking over 1,000 nodes queues most of them behind
+        `connect_concurrency` handshakes, and one slow minute of that queue must not count as
+        the last nodes' absence (their jobs would end NODE_FAIL without the node ever being
+        tried). A node that does not answer still counts from its first attempt, and one that
+        was lost from the moment it went (`_on_link`), whatever its place in the queue."""
+        if not self.connected(name):
+            self.unreachable_since.setdefault(name, self.clock.time())
 
     async def _on_link(self, name: str, up: bool, error: str) -> None:
         if up:

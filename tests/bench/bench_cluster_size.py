@@ -276,8 +276,10 @@ class Fleet:
 
     def config(self, extra: str = "") -> Path:
         config = self.base / "trainyard.toml"
-        # a thousand SSH handshakes at once take longer than the default 10 s on two cores
-        config.write_text("[daemon]\ntelemetry_interval_s = 2\nconnect_timeout_s = 120\n" + extra)
+        # a thousand nodes' handshakes, 32 at a time, can take longer than the default 10 s (and
+        # an agent's hello longer than 60 s) on two cores that also run the fleet
+        config.write_text("[daemon]\ntelemetry_interval_s = 2\nconnect_timeout_s = 120\n"
+                          "hello_timeout_s = 120\n" + extra)
         return config
 
     def daemon(self, config: Path, db: str = "", log: str = "daemon.log") -> tuple[subprocess.Popen, str]:

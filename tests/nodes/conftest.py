@@ -246,7 +246,8 @@ class Link:
     """NodeLink, the daemon's link code, on an event loop of its own, for synchronous tests."""
 
     def __init__(self, node: Node, key: Path, base: Path, agent_dir: str = "", gpus: int = 4,
-                 min_uid: int = 1000, user: str = "root", privilege: str = "login"):
+                 min_uid: int = 1000, user: str = "root", privilege: str = "login",
+                 hello_timeout_s: float = 60.0):
         self.known_hosts = base / f"known_hosts-{node.name}"
         pub = Path(str(node.host_key) + ".pub").read_text().split()
         self.known_hosts.write_text(f"[127.0.0.1]:{node.port} {pub[0]} {pub[1]}\n")
@@ -254,7 +255,8 @@ class Link:
                                 gpus, "Test GPU", min_uid, privilege)
         self.settings = SshSettings(str(self.known_hosts), connect_timeout_s=5,
                                     keepalive_interval_s=1, keepalive_count_max=3,
-                                    reconnect_max_backoff_s=0.5, telemetry_interval_s=0)
+                                    reconnect_max_backoff_s=0.5, telemetry_interval_s=0,
+                                    hello_timeout_s=hello_timeout_s)
         self.messages: queue.Queue = queue.Queue()
         self.states: queue.Queue = queue.Queue()
         self.loop = asyncio.new_event_loop()

@@ -6,11 +6,16 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import asyncssh
 
+from scheduler import models as m
+from scheduler.daemon.clock import ManualClock
+from scheduler.daemon.links import NodeLinks
 from scheduler.nodes import NodeError, SshSettings, SshTarget, agent_bundle, connect
 from scheduler.protocol import PROTOCOL_VERSION
+from tests.conftest import free_port
 
 
 def test_two_nodes_sharing_a_home_keep_separate_state(node_factory, link_factory, shared_home):
@@ -207,3 +212,61 @@ def test_a_replaced_client_key_is_the_one_the_next_handshake_uses(node_factory, 
     first, refused, again = asyncio.run(sequence())
     assert first == again == "connected"
     assert refused != "connected" and "denied" in refused.lower(), refused
+
+
+def test_an_agent_that_never_says_hello_fails_the_attempt_and_frees_its_turn(node_factory, link_factory, base):
+    # a python that starts and then hangs (as on a hung NFS mount) must not hold one of the
+    # daemon's `connect_concurrency` handshake turns for good: the attempt fails, with why
+    path = _fake_python(base, "hung", 'case "$1" in *.pyz) exec sleep 600;; esac\nexec /usr/bin/python3 "$@"\n')
+    link = link_factory(node_factory(path=path), hello_timeout_s=1.5)
+    t0 = time.monotonic()
+    reason = link.wait_down_reason(timeout=30)
+    assert reason == ("the agent started but did not say hello within 1.5 s (hello_timeout_s): "
+                      "is a file system on the node hung?")
+    assert time.monotonic() - t0 >= 1.5
+    assert link.link.handshakes._value == 1  # the turn is back: the next node may handshake
+    assert link.wait_down_reason(timeout=30) == reason  # and it is tried again, not given up
+
+
+def test_a_node_waiting_for_its_turn_to_handshake_is_not_unreachable_yet(node_factory, client_key, base):
+    # a new leader takes over 1,000 nodes 32 handshakes at a time; a node's grace clock
+    # (node_grace_s, then its jobs end NODE_FAIL) starts when it is first tried, not while it
+    # waits in that queue. One that fails keeps the clock of its first failed attempt.
+    live = node_factory("queued-live")
+    known = base / "known_hosts-queued"
+    pub = (live.host_key.parent / (live.host_key.name + ".pub")).read_text().split()
+    known.write_text(f"[127.0.0.1]:{live.port} {pub[0]} {pub[1]}\n")
+    dead_port = free_port()  # nothing listens there: each attempt is refused at once
+
+    async def scenario():
+        clock = ManualClock()
+        settings = SshSettings(str(known), connect_timeout_s=5, connect_concurrency=1,
+                               reconnect_max_backoff_s=0.3, telemetry_interval_s=0)
+        links = NodeLinks(settings, str(client_key), clock, lambda *a: None, lambda *a: None)
+        await links.handshakes.acquire()  # another node's handshake holds the only turn
+        try:
+            for name, port in (("live", live.port), ("dead", dead_port)):
+                links.start(m.Node(name=name, address="127.0.0.1", port=port, user="root", gpus_total=4))
+            await asyncio.sleep(0.5)
+            clock.advance(600)  # far past any grace, still in the queue
+            queued = dict(links.unreachable_since)
+        finally:
+            links.handshakes.release()
+        first_try = clock.time()
+        for _ in range(400):
+            if links.connected("live") and "dead" in links.errors:
+                break
+            await asyncio.sleep(0.05)
+        after = (links.connected("live"), dict(links.unreachable_since), links.errors.get("dead", ""))
+        clock.advance(30)
+        for _ in range(100):  # a later attempt does not restart the dead node's clock
+            await asyncio.sleep(0.05)
+        later = dict(links.unreachable_since)
+        await links.stop_all()
+        return queued, first_try, after, later
+
+    queued, first_try, (live_up, after, dead_error), later = asyncio.run(scenario())
+    assert queued == {}
+    assert live_up and dead_error
+    assert after == {"dead": first_try}
+    assert later == {"dead": first_try}
