@@ -55,6 +55,7 @@ class NodeLinks:
         # node -> when it was first tried (or lost) and not reached since: its grace clock
         # (node_grace_s). A node still queued for its turn in the handshake is not in it.
         self.unreachable_since: dict[str, float] = {}
+        self._tried: set[str] = set()  # nodes whose link has begun an attempt to connect
         self.telemetry: dict[str, dict] = {}  # node -> last sample {"time", "gpus", "source"}
         self.addresses: dict[str, str] = {}
         # at most this many nodes in the SSH handshake at once (a takeover of 1,000 nodes)
@@ -78,6 +79,7 @@ class NodeLinks:
             await link.stop()
         for table in (self.telemetry, self.errors, self.unreachable_since, self.addresses):
             table.pop(name, None)
+        self._tried.discard(name)
 
     async def stop_all(self) -> None:
         for name in list(self._links):
@@ -113,7 +115,12 @@ class NodeLinks:
             raise Unavailable(str(e)) from None
 
     def problem(self, name: str) -> str:
-        return "" if self.connected(name) else self.errors.get(name, "")
+        if self.connected(name):
+            return ""
+        if name in self._links and name not in self._tried:  # after a takeover of many nodes
+            return (f"waiting for its turn to connect ({self.settings.connect_concurrency} "
+                    "nodes connect at once: connect_concurrency)")
+        return self.errors.get(name, "")
 
     def _on_attempt(self, name: str) -> None:
         """A node's grace clock starts when the daemon first tries it, not when its link is
@@ -122,6 +129,7 @@ class NodeLinks:
         the last nodes' absence (their jobs would end NODE_FAIL without the node ever being
         tried). A node that does not answer still counts from its first attempt, and one that
         was lost from the moment it went (`_on_link`), whatever its place in the queue."""
+        self._tried.add(name)
         if not self.connected(name):
             self.unreachable_since.setdefault(name, self.clock.time())
 

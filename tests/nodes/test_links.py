@@ -249,7 +249,7 @@ def test_a_node_waiting_for_its_turn_to_handshake_is_not_unreachable_yet(node_fa
                 links.start(m.Node(name=name, address="127.0.0.1", port=port, user="root", gpus_total=4))
             await asyncio.sleep(0.5)
             clock.advance(600)  # far past any grace, still in the queue
-            queued = dict(links.unreachable_since)
+            queued = dict(links.unreachable_since), links.problem("live"), links.problem("dead")
         finally:
             links.handshakes.release()
         first_try = clock.time()
@@ -257,7 +257,8 @@ def test_a_node_waiting_for_its_turn_to_handshake_is_not_unreachable_yet(node_fa
             if links.connected("live") and "dead" in links.errors:
                 break
             await asyncio.sleep(0.05)
-        after = (links.connected("live"), dict(links.unreachable_since), links.errors.get("dead", ""))
+        after = (links.connected("live"), dict(links.unreachable_since), links.problem("live"),
+                 links.problem("dead"))
         clock.advance(30)
         for _ in range(100):  # a later attempt does not restart the dead node's clock
             await asyncio.sleep(0.05)
@@ -265,8 +266,10 @@ def test_a_node_waiting_for_its_turn_to_handshake_is_not_unreachable_yet(node_fa
         await links.stop_all()
         return queued, first_try, after, later
 
-    queued, first_try, (live_up, after, dead_error), later = asyncio.run(scenario())
-    assert queued == {}
-    assert live_up and dead_error
+    queued, first_try, (live_up, after, live_problem, dead_problem), later = asyncio.run(scenario())
+    waiting = "waiting for its turn to connect (1 nodes connect at once: connect_concurrency)"
+    assert queued == ({}, waiting, waiting)  # what `trainyard nodes` shows for them meanwhile
+    assert live_up and live_problem == ""
+    assert "connection refused (is sshd running on that port?)" in dead_problem, dead_problem
     assert after == {"dead": first_try}
     assert later == {"dead": first_try}
