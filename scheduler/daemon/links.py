@@ -118,8 +118,7 @@ class NodeLinks:
         if self.connected(name):
             return ""
         if name in self._links and name not in self._tried:  # after a takeover of many nodes
-            return (f"waiting for its turn to connect ({self.settings.connect_concurrency} "
-                    "nodes connect at once: connect_concurrency)")
+            return f"waiting for its turn to connect (connect_concurrency = {self.settings.connect_concurrency})"
         return self.errors.get(name, "")
 
     def _on_attempt(self, name: str) -> None:

@@ -267,7 +267,7 @@ def test_a_node_waiting_for_its_turn_to_handshake_is_not_unreachable_yet(node_fa
         return queued, first_try, after, later
 
     queued, first_try, (live_up, after, live_problem, dead_problem), later = asyncio.run(scenario())
-    waiting = "waiting for its turn to connect (1 nodes connect at once: connect_concurrency)"
+    waiting = "waiting for its turn to connect (connect_concurrency = 1)"
     assert queued == ({}, waiting, waiting)  # what `trainyard nodes` shows for them meanwhile
     assert live_up and live_problem == ""
     assert "connection refused (is sshd running on that port?)" in dead_problem, dead_problem
