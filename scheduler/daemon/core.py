@@ -270,8 +270,7 @@ class Daemon:
         self.lifecycle.forget_cached()
         self.store.forget_cached()  # node and queue caches, the final states' counts
         with self.store.read() as s:
-            for node in s.exec(select(Node)).all():
-                self.links.start(node)
+            self.links.start_all(s.exec(select(Node)).all(), lambda name: len(self.store.active.on(name)))
         await self.notifications.start()
         self.logstore.start()
         self._office = [

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from ..models import Node
+from ..models import UP, Node
 from ..nodes import NodeError, NodeLink, SshSettings, SshTarget
 from .clock import Clock
 from .errors import NotFound, Unavailable
@@ -55,7 +55,6 @@ class NodeLinks:
         # node -> when it was first tried (or lost) and not reached since: its grace clock
         # (node_grace_s). A node still queued for its turn in the handshake is not in it.
         self.unreachable_since: dict[str, float] = {}
-        self._tried: set[str] = set()  # nodes whose link has begun an attempt to connect
         self.telemetry: dict[str, dict] = {}  # node -> last sample {"time", "gpus", "source"}
         self.addresses: dict[str, str] = {}
         # at most this many nodes in the SSH handshake at once (a takeover of 1,000 nodes)
@@ -65,6 +64,15 @@ class NodeLinks:
         agent_dir = node.agent_dir if node.agent_dir not in ("", ".trainyard") else self.agent_dir
         return SshTarget(node.name, node.address, node.port, node.user, node.key_path or self.default_key,
                          agent_dir, node.gpus_total, node.gpu_model, self.min_uid, node.privilege)
+
+    def start_all(self, nodes: Iterable[Node], jobs_on: Callable[[str], int]) -> None:
+        """Start every node's link, queued for its handshake turn in the order that matters
+        to a new leader: the nodes running the most jobs first (their ends are reported, and
+        their grace clocks started, soonest), then those last seen UP, then the rest (a node
+        long DOWN is likely to hold a turn until connect_timeout_s). Links that fail go to the
+        back of the queue with their backoff."""
+        for node in sorted(nodes, key=lambda n: (-jobs_on(n.name), n.state != UP, n.name)):
+            self.start(node)
 
     def start(self, node: Node) -> None:
         link = NodeLink(self.target(node), self.settings, self._on_message, self._on_link,
@@ -79,7 +87,6 @@ class NodeLinks:
             await link.stop()
         for table in (self.telemetry, self.errors, self.unreachable_since, self.addresses):
             table.pop(name, None)
-        self._tried.discard(name)
 
     async def stop_all(self) -> None:
         for name in list(self._links):
@@ -117,7 +124,9 @@ class NodeLinks:
     def problem(self, name: str) -> str:
         if self.connected(name):
             return ""
-        if name in self._links and name not in self._tried:  # after a takeover of many nodes
+        # started and not yet tried (each attempt, and each drop, enters unreachable_since):
+        # most nodes for a while after a takeover of many
+        if name in self._links and name not in self.unreachable_since:
             return f"waiting for its turn to connect (connect_concurrency = {self.settings.connect_concurrency})"
         return self.errors.get(name, "")
 
@@ -128,9 +137,7 @@ class NodeLinks:
         the last nodes' absence (their jobs would end NODE_FAIL without the node ever being
         tried). A node that does not answer still counts from its first attempt, and one that
         was lost from the moment it went (`_on_link`), whatever its place in the queue."""
-        self._tried.add(name)
-        if not self.connected(name):
-            self.unreachable_since.setdefault(name, self.clock.time())
+        self.unreachable_since.setdefault(name, self.clock.time())
 
     async def _on_link(self, name: str, up: bool, error: str) -> None:
         if up:

@@ -273,3 +273,39 @@ def test_a_node_waiting_for_its_turn_to_handshake_is_not_unreachable_yet(node_fa
     assert "connection refused (is sshd running on that port?)" in dead_problem, dead_problem
     assert after == {"dead": first_try}
     assert later == {"dead": first_try}
+
+
+def test_a_new_leader_tries_the_nodes_running_the_most_jobs_first_and_long_down_ones_last(client_key, base):
+    # a takeover queues every node behind connect_concurrency handshakes: the nodes with
+    # running jobs go first (their ends are reported soonest), a node DOWN for long goes last
+    # (it is likely to hold a turn until connect_timeout_s)
+    nodes = {"a-idle-up": (0, m.UP), "b-busy": (5, m.UP), "c-down": (0, m.DOWN),
+             "d-one-job": (1, m.DRAINING), "e-busiest": (9, m.UP), "f-idle-drained": (0, m.DRAINED)}
+    port = free_port()  # nothing listens: each attempt is refused at once and frees its turn
+
+    async def scenario():
+        settings = SshSettings(str(base / "known_hosts-none"), connect_timeout_s=5, connect_concurrency=1,
+                               reconnect_max_backoff_s=30, telemetry_interval_s=0)
+        links = NodeLinks(settings, str(client_key), ManualClock(), lambda *a: None, lambda *a: None)
+        tried: list[str] = []
+        first_attempt = links._on_attempt
+        links._on_attempt = lambda name: (tried.append(name), first_attempt(name))
+        await links.handshakes.acquire()
+        try:
+            links.start_all([m.Node(name=n, address="127.0.0.1", port=port, user="root", gpus_total=8,
+                                    state=state) for n, (_, state) in sorted(nodes.items())],
+                            lambda name: nodes[name][0])
+            await asyncio.sleep(0.2)
+            waiting = {n: links.problem(n) for n in nodes}
+        finally:
+            links.handshakes.release()
+        for _ in range(200):
+            if len(tried) >= len(nodes):
+                break
+            await asyncio.sleep(0.05)
+        await links.stop_all()
+        return waiting, tried[:len(nodes)]
+
+    waiting, tried = asyncio.run(scenario())
+    assert set(waiting.values()) == {"waiting for its turn to connect (connect_concurrency = 1)"}
+    assert tried == ["e-busiest", "b-busy", "d-one-job", "a-idle-up", "c-down", "f-idle-drained"]
