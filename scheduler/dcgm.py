@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 GAUGE, COUNTER = "gauge", "counter"
 NODE_METRICS_PREFIX = "/metrics/nodes/"
@@ -183,19 +184,26 @@ def mig_profile(instance: dict) -> str:
     return name.rpartition(" MIG ")[2] if " MIG " in name else ""
 
 
-def _number(value) -> float | None:
+def _number(value) -> int | float | None:
+    """A reading as a number to export; None (left out) for a missing, non-finite or
+    mistyped one. Readings are mostly ints and floats already: those take the first test."""
+    kind = type(value)
+    if kind is int and -2**63 < value < 2**63:  # past int64, as a float (left out past its range)
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else None
     if value is None:
         return None
-    if isinstance(value, bool):
-        return float(value)
+    if kind is bool:
+        return int(value)
     try:
         v = float(value)
-    except (TypeError, ValueError):  # a field of the wrong type is left out too
+    except (TypeError, ValueError, OverflowError):  # a field of the wrong type is left out too
         return None
-    return None if math.isnan(v) else v
+    return v if math.isfinite(v) else None
 
 
-def _value(g: dict, key: str) -> float | None:
+def _value(g: dict, key: str) -> int | float | None:
     if key == "mem_free_mb":
         total, used = _number(g.get("mem_total_mb")), _number(g.get("mem_used_mb"))
         return None if total is None or used is None else total - used
@@ -210,6 +218,7 @@ def gpu_families(hostname: str, driver_version: str, gpus: list[dict],
     it (the control plane's allocation wins over the job the agent saw on the GPU)."""
     jobs = jobs or {}
     families = [Family(f.name, f.type, f.help) for f in FIELDS]
+    plan = [(fam, spec.key, spec.per_instance) for fam, spec in zip(families, FIELDS, strict=True)]
     for g in gpus:
         if not isinstance(g, dict) or g.get("index") is None:
             continue
@@ -222,19 +231,21 @@ def gpu_families(hostname: str, driver_version: str, gpus: list[dict],
         job = jobs.get(index, g.get("job_id"))
         if job is not None and job != "":
             base["hpc_job"] = str(job)
-        instances = [i for i in g.get("mig_instances") or [] if isinstance(i, dict)]
-        for fam, spec in zip(families, FIELDS, strict=True):
-            if spec.per_instance and g.get("mig_mode") and instances:
-                for inst in instances:
-                    v = _value(inst, spec.key)
+        # a MIG GPU's instances, each with series of its own (one label set per instance) for
+        # the fields measured per instance
+        instances = [({**base, "GPU_I_PROFILE": mig_profile(i), "GPU_I_ID": str(i.get("gi_id", i.get("index")))}, i)
+                     for i in (g.get("mig_instances") or () if g.get("mig_mode") else ()) if isinstance(i, dict)]
+        for fam, key, per_instance in plan:
+            if per_instance and instances:
+                for labels, inst in instances:
+                    v = _value(inst, key)
                     if v is not None:
-                        fam.samples.append(({**base, "GPU_I_PROFILE": mig_profile(inst),
-                                             "GPU_I_ID": str(inst.get("gi_id", inst.get("index")))}, v))
+                        fam.samples.append((labels, v))
                 continue
-            if spec.key == "xid":
+            if key == "xid":
                 _add_xid(fam, base, g)
                 continue
-            v = _value(g, spec.key)
+            v = _value(g, key)
             if v is not None:
                 fam.samples.append((base, v))
     return families
@@ -260,10 +271,18 @@ def _escape(v: str) -> str:
     return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-def _fmt(v: float) -> str:
-    if v == int(v) and abs(v) < 2**63:
+def _fmt(v: int | float) -> str:
+    if type(v) is int:
+        return str(v)
+    if v.is_integer() and abs(v) < 2**63:
         return str(int(v))
     return repr(v)
+
+
+@lru_cache(maxsize=512)
+def _header(name: str, kind: str, doc: str) -> str:
+    doc = doc.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
 
 
 def render(families: list[Family]) -> bytes:
@@ -273,14 +292,13 @@ def render(families: list[Family]) -> bytes:
     # sample (a node of 8 GPUs has ~400 samples). Keyed by identity: every set outlives the call
     written: dict[int, str] = {}
     for fam in families:
-        doc = fam.help.replace("\\", r"\\").replace("\n", r"\n")
-        out.append(f"# HELP {fam.name} {doc}\n")
-        out.append(f"# TYPE {fam.name} {fam.type}\n")
+        out.append(_header(fam.name, fam.type, fam.help))
+        bare, opened = f"{fam.name} ", f"{fam.name}{{"
         for labels, value in fam.samples:
             body = written.get(id(labels))
             if body is None:
                 body = written[id(labels)] = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
-            out.append(f"{fam.name}{{{body}}} {_fmt(value)}\n" if body else f"{fam.name} {_fmt(value)}\n")
+            out.append(f"{opened}{body}}} {_fmt(value)}\n" if body else f"{bare}{_fmt(value)}\n")
     return "".join(out).encode()
 
 

@@ -105,6 +105,25 @@ def test_fields_the_driver_did_not_report_are_left_out_not_zero(monkeypatch):
     assert all(f["type"] in ("gauge", "counter") and f["help"] for f in fams.values())
 
 
+def test_a_non_finite_or_mistyped_reading_is_left_out_and_the_rest_keep_their_exact_values():
+    # a driver (or a hand-edited fake) can report inf, NaN, a bool, a numeric string or a
+    # counter past a float's integer range: the scrape must still parse, the odd field left out
+    energy = 2**62 + 1  # an int counter keeps every digit, as dcgm-exporter's do
+    fams = scrape([gpu(1, 0, temp_c=float("inf"), power_w=float("nan"), util_gpu="37", mem_temp_c=-float("inf"),
+                       mig_mode=True, energy_mj=energy, util_mem=True, sm_clock_mhz=10**400,
+                       mem_clock_mhz="fast", power_limit_w=312.5)])
+    for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_MEMORY_TEMP",
+                 "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK"):
+        assert "0" not in series(fams, name), name
+    assert series(fams, "DCGM_FI_DEV_GPU_UTIL")["0"][1] == 37
+    assert series(fams, "DCGM_FI_DEV_MEM_COPY_UTIL")["0"][1] == 1
+    assert series(fams, "DCGM_FI_DEV_MIG_MODE")["0"][1] == 1
+    assert series(fams, "DCGM_FI_DEV_ENFORCED_POWER_LIMIT")["0"][1] == 312.5
+    line = next(ln for ln in render(gpu_families("gpu-a", "", [gpu(1, 0, energy_mj=energy)])).decode().splitlines()
+                if ln.startswith("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{"))
+    assert line.endswith(f"}} {energy}"), line
+
+
 def test_a_lost_gpu_says_so_and_nothing_else(monkeypatch):
     fams = scrape(nvml_gpus(monkeypatch, "gpu_lost"))
     assert series(fams, "trainyard_gpu_off_bus")["1"][1] == 1
