@@ -49,7 +49,7 @@ from .overview import Overview
 from .prediction import RunTimePrediction
 from .ptys import PtyRelay
 from .readbudget import ReadBudget
-from .readers import READER_FROM, READERS_WORTH_S, ReaderProcesses, job_page, sacct_page
+from .readers import READER_FROM, READERS_WORTH_S, ReaderProcesses, event_page, job_page, sacct_page
 from .readmodel import MetricsReadModel
 from .reconcile import Reconciler
 from .registries import Registries, load_credentials
@@ -363,6 +363,13 @@ class Daemon:
         uses = self.policy.backfill_on_prediction
         return await self._page(who, f.limit >= READER_FROM, (job_page, f, who, uses, accept_encoding),
                                 lambda: encoded(self.jobs.list(who, f), accept_encoding))
+
+    async def event_page(self, who: Caller, since: int | None, limit: int,
+                         accept_encoding: str | None) -> tuple[bytes, bool]:
+        """A page of `GET /v1/events`, encoded: a long one (`limit` of READER_FROM or more, up
+        to 10,000 events) in a reader process once they are up, as a job page (`_page`)."""
+        return await self._page(who, limit >= READER_FROM, (event_page, since, limit, accept_encoding),
+                                lambda: encoded(self.overview.events(since, limit), accept_encoding))
 
     async def sacct_page(self, who: Caller, q: Sacct, accept_encoding: str | None) -> tuple[bytes, bool]:
         """`GET /v1/accounting/jobs` for a checked request (Accounting.sacct), encoded: a window

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import select as sa_select
-from sqlmodel import Session, col, func, select
+from sqlmodel import Session, func, select
 
 from .. import models as m
 from ..models import Event, Queue
@@ -121,9 +121,21 @@ class Overview:
 
     def events(self, since: int | None, limit: int) -> list[dict[str, Any]]:
         """Forward from an id (`since`, 0 for the start of the trail), else the newest `limit`."""
-        with self.store.read() as s:
-            if since is not None:
-                rows = s.exec(select(Event).where(col(Event.id) > since).order_by(col(Event.id)).limit(limit)).all()
-            else:
-                rows = list(reversed(s.exec(select(Event).order_by(col(Event.id).desc()).limit(limit)).all()))
-            return [event_json(e) for e in rows]
+        return list_events(self.store.engine, since, limit)
+
+
+def list_events(engine, since: int | None, limit: int) -> list[dict[str, Any]]:
+    """`GET /v1/events`' page: forward from an id (`since`, 0 for the start of the trail), else
+    the newest `limit`, oldest first. A read of committed rows and nothing else (plain rows, not
+    ORM objects: a page is up to 10,000 events), so it runs on the daemon's read threads or in a
+    reader process (scheduler.daemon.readers)."""
+    t = Event.__table__
+    if since is not None:
+        query = sa_select(t).where(t.c.id > since).order_by(t.c.id).limit(limit)
+    else:
+        query = sa_select(t).order_by(t.c.id.desc()).limit(limit)
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    if since is None:
+        rows.reverse()
+    return [event_json(r) for r in rows]

@@ -78,6 +78,14 @@ def sacct_page(db_url: str, q, accept_encoding: str | None) -> tuple[bytes, bool
     return _timed_page(lambda: sacct_jobs(_engine(db_url), q), accept_encoding)
 
 
+def event_page(db_url: str, since: int | None, limit: int, accept_encoding: str | None
+               ) -> tuple[bytes, bool, float]:
+    """In a reader process: a page of `GET /v1/events` (the audit trail), as job_page."""
+    from .overview import list_events
+
+    return _timed_page(lambda: list_events(_engine(db_url), since, limit), accept_encoding)
+
+
 def _timed_page(read, accept_encoding: str | None) -> tuple[bytes, bool, float]:
     from .views import encoded
 
@@ -113,7 +121,7 @@ READERS_WORTH_S = 0.02
 
 # what a reader runs, imported once by the fork server: readers fork with it in memory
 PRELOAD = ["scheduler.daemon.readers", "scheduler.daemon.jobs", "scheduler.daemon.accounting",
-           "scheduler.daemon.views", "scheduler.store"]
+           "scheduler.daemon.overview", "scheduler.daemon.views", "scheduler.store"]
 
 
 class ReaderProcesses:

@@ -15,17 +15,19 @@ import time
 
 import pytest
 from sqlalchemy import insert
+from sqlmodel import func, select
 
 from scheduler.daemon import JobFilter, ManualClock
 from scheduler.daemon.caller import Caller
 from scheduler.daemon.readers import READER_FROM, ReaderProcesses
 from scheduler.daemon.views import encoded
-from scheduler.models import Job
+from scheduler.models import Event, Job
 from scheduler.settings import Settings
 from tests.conftest import leading_daemon, wait_for
 from tests.scheduler.test_busy_reads import NOW, TEAMS, varied_jobs
 
 OPERATOR = Caller("root", "operator")
+EVENTS = 1200  # audit events in the module's database
 ANN = Caller("ann", "user")
 
 
@@ -36,6 +38,13 @@ def daemon(request, tmp_path_factory):
     with d.store.tx() as s:
         s.execute(insert(Job.__table__), [Job(**r).model_dump(exclude={"id"})
                                           for r in varied_jobs(random.Random(11), 400)])
+        base = s.exec(select(func.max(Event.id))).one() or 0
+        s.execute(insert(Event.__table__), [
+            {"time": NOW + i / 7, "actor": ("ann", "bob", "trainyard")[i % 3], "action": "job.state",
+             "target": str(i), "address": "" if i % 2 else "10.0.0.7",
+             "detail": {"state": "RUNNING", "note": "ünïcode \"quoted\"\n", "n": i, "nested": {"x": [i, None]}}}
+            for i in range(EVENTS)])
+    d.first_event = base + 1
     ready(d)
     yield d
     d.readers.stop()
@@ -84,6 +93,27 @@ def test_a_reader_process_answers_sacct_as_the_daemon_would(daemon, viewer, acce
     if viewer is OPERATOR:
         assert {j["account"] for j in jobs if j["user"] == "bob"} >= {"speech"}
         assert {j["account"] for j in jobs if j["user"] == "cy"} >= {"default"}
+
+
+@pytest.mark.parametrize("accept", ["gzip", None], ids=["gzip", "plain"])
+@pytest.mark.parametrize("since,limit", [(None, 10_000), (0, 10_000), ("mid", 700), (None, 50)],
+                         ids=["newest-all", "from-start", "from-an-id", "short"])
+def test_a_reader_process_builds_the_event_page_the_daemon_would(daemon, accept, since, limit):
+    after = daemon.first_event + 500 if since == "mid" else since
+    served = daemon.readers.served
+    got = decoded(*asyncio.run(daemon.event_page(ANN, after, limit, accept)))
+    assert daemon.readers.served == served + (limit >= READER_FROM)  # a short page: a read thread
+    assert got == json.loads(json.dumps(daemon.overview.events(after, limit)))  # as a read thread
+    ids = [e["id"] for e in got if e["id"] >= daemon.first_event]
+    last = daemon.first_event + EVENTS - 1
+    if after is None:  # the newest `limit`, oldest first
+        assert [e["id"] for e in got][-len(ids):] == list(range(max(daemon.first_event, last - limit + 1), last + 1))
+    else:
+        assert ids == list(range(max(after + 1, daemon.first_event), min(last, after + limit) + 1))
+    for e in got[-3:]:  # every field as stored, through the process and the encoding
+        n = e["id"] - daemon.first_event
+        assert e["detail"] == {"state": "RUNNING", "note": "ünïcode \"quoted\"\n", "n": n, "nested": {"x": [n, None]}}
+        assert (e["actor"], e["target"], e["time"]) == (("ann", "bob", "trainyard")[n % 3], str(n), NOW + n / 7)
 
 
 def test_sacct_of_named_jobs_is_read_on_a_thread(daemon):

@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from ..deps import DaemonDep, Who
 from ..errors import responses
 from ..schemas import MAX_ID, EventRead
-from .common import Json
+from .common import AcceptEncoding, body_response
 
 router = APIRouter(prefix="/v1", tags=["events"])
 KEEPALIVE_S = 15
@@ -40,13 +40,14 @@ async def events(request: Request, d: DaemonDep, who: Who,
                                                     "omitted: the newest `limit`")] = None,
                  limit: Annotated[int, Query(ge=1, le=10000)] = 200, stream: bool = False,
                  last_event_id: Annotated[str, Header(pattern=r"^[0-9]{0,19}$",
-                                                      description="resume a stream after this id")] = ""):
+                                                      description="resume a stream after this id")] = "",
+                 accept_encoding: AcceptEncoding = None):
     wants_stream = stream or "text/event-stream" in request.headers.get("accept", "")
     resume = _last_event_id(last_event_id)
     if resume is not None:
         since = resume
-    if not wants_stream:  # up to 10,000 events: read on the read threads, not the event loop
-        return await d.read_off_loop(lambda: Json(d.overview.events(since, limit)), who)
+    if not wants_stream:  # up to 10,000 events: never on the event loop (a long page in a reader process)
+        return body_response(*await d.event_page(who, since, limit, accept_encoding))
     # subscribed before the backlog is read (off the loop: events are committed meanwhile), so
     # nothing committed during the read is missed; what is in both goes out once (by id)
     queue = d.store.subscribe()
