@@ -4,9 +4,10 @@ client submits held jobs one after another (the submitter's latency). Measured f
 no TUI, then for a stretch with the TUI open on the jobs view (the real app, headless, on the
 daemon's real API through tui.backend.HttpBackend, with its event stream: every job event marks
 its sources stale), between them a stretch with a script that polls the 2,000-job listing back
-to back (as a user of its own, honouring the 429s of its share of the daemon's reads) and one
-with an operator's script polling a day's `sacct` of every user the same way. Prints the daemon's CPU, the submissions' latency (taken in a process of their own)
-and how often the TUI fetched each source. The TUI runs on this machine's two cores as well:
+to back (as a user of its own, honouring the 429s of its share of the daemon's reads), one
+with an operator's script polling a day's `sacct` of every user the same way, and one with a
+script polling the newest 10,000 events of the audit trail. Prints the daemon's CPU, the
+submissions' latency (taken in a process of their own) and how often the TUI fetched each source. The TUI runs on this machine's two cores as well:
 its own drawing competes with the daemon here, as it would not from an operator's laptop. Run:
     .venv/bin/python tests/bench/bench_tui_busy.py [SECONDS] [WAITING]
 (default: 20 s per stretch, 8,000 jobs waiting)
@@ -62,8 +63,9 @@ def reader(url: str, token: str, stop: threading.Event, pages: list, refused: li
 
 
 # what the pollers ask for: the 2,000-job page (as a user), a day's sacct of every user (as an
-# operator's dashboard script would)
-POLLS = {"jobs": ("user", "/v1/jobs", {"limit": 2000}), "sacct": ("operator", "/v1/accounting/jobs", {})}
+# operator's dashboard script would), the newest 10,000 events of the audit trail (as a user)
+POLLS = {"jobs": ("user", "/v1/jobs", {"limit": 2000}), "sacct": ("operator", "/v1/accounting/jobs", {}),
+         "events": ("user", "/v1/events", {"limit": 10000})}
 
 
 def with_reader(url: str, token: str, pid: int, seconds: float, poll: str) -> tuple[dict, int, int]:
@@ -144,6 +146,7 @@ def main() -> None:
         base = stretch(url, token, proc.pid, seconds)
         polled, pages, refused = with_reader(url, token, proc.pid, seconds, "jobs")
         sacct, windows, sacct_refused = with_reader(url, token, proc.pid, seconds, "sacct")
+        events, event_pages, events_refused = with_reader(url, token, proc.pid, seconds, "events")
         r, fetched, rows = asyncio.run(with_tui(url, token, proc.pid, seconds))
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
             left = c.get("/v1/cluster").json()["jobs_by_state"]
@@ -154,6 +157,8 @@ def main() -> None:
           f"(refused {refused} times for its share of the reads, waiting out each Retry-After)")
     print(line("sacct poller", sacct) + f"; an operator's script got {windows} days of sacct (every user's "
           f"jobs), one after another (refused {sacct_refused} times)")
+    print(line("event poller", events) + f"; a script got {event_pages} pages of the newest 10,000 events, one "
+          f"after another (refused {events_refused} times)")
     print(line("TUI on jobs ", r))
     print(f"the TUI's fetches in {seconds:.0f} s: "
           + ", ".join(f"{k} {v}" for k, v in sorted(fetched.items()))
