@@ -134,10 +134,10 @@ class TrainyardApp(RefreshMixin, App):
         for kind, sources in VIEW_SOURCES.items():
             if source in sources:
                 self._dirty.add(kind)
-        active = self.active_view.KIND
-        if active in self._dirty:
-            self._dirty.discard(active)
-            self.active_view.show(self.state, now)
+        view = self.active_view
+        if view.KIND in self._dirty and view.drawable():  # else it stays dirty: drawn when it can be
+            self._dirty.discard(view.KIND)
+            view.show(self.state, now)
         if source in ("nodes", "events", "jobs"):
             for screen in self.screen_stack[1:]:
                 if isinstance(screen, DetailScreen):

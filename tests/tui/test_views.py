@@ -5,6 +5,7 @@ from __future__ import annotations
 from fake_backend import FakeBackend
 from tuihelpers import SIZE, Clock, make_app, refetch, screen_text, settle
 
+from tui.components.table import KeyedTable
 from tui.components.views import JobsView
 
 
@@ -31,6 +32,23 @@ async def test_nodes_view_has_one_row_per_node_with_gpu_bar(backend):
         first = backend.nodes()[0]
         line = next(ln for ln in text.splitlines() if first["name"] in ln)
         assert "█" in line and f" {first['gpus_used']}/{first['gpus_total']} " in line  # GPU bar
+
+
+async def test_an_answer_while_the_views_table_is_not_there_is_drawn_later_not_a_crash(backend):
+    # a source's answer can be handled before the view's table is composed (the app's start)
+    # or after its widgets went (its exit): the app once died there with NoMatches
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(pilot)
+        view = app.active_view
+        await view.table.remove()
+        backend.set_node("gpu-01", state="DRAINED")
+        await refetch(pilot, "nodes")  # handled with no table to draw on
+        assert app.is_running and app.state.node("gpu-01")["state"] == "DRAINED" and not view.drawable()
+        await view.mount(KeyedTable(view.COLUMNS, id=f"{view.KIND}-table"))  # as it is composed
+        app.data_changed("cluster")  # the next answer draws what waited
+        await pilot.pause()
+        assert "DRAINED" in next(ln for ln in screen_text(app).splitlines() if "gpu-01" in ln)
 
 
 async def test_colon_switches_view_with_tab_completion(backend):

@@ -113,6 +113,11 @@ class ResourceView(Verbs, Vertical):
     def table(self) -> KeyedTable:
         return self.query_one(KeyedTable)
 
+    def drawable(self) -> bool:
+        """Whether the view's table is there to draw on: a source can answer before the view
+        is composed (at the app's start) or after its widgets went (at the app's exit)."""
+        return bool(self.query(KeyedTable))
+
     def items(self, state: ClusterState) -> dict[str, Any]:
         """What the view lists, keyed by id, in display order."""
         raise NotImplementedError
