@@ -80,6 +80,10 @@ class LogStore:
         # while a stream of the attempt is open, read from its files again when one opens later
         self._totals: dict[tuple[int, int], int] = {}
         self._open: dict[tuple[int, int], int] = {}
+        # (job, attempt) -> [its ranks' nodes, how many of its streams ended]: an attempt's
+        # directory and nodes.json are written with its first byte of output, not at dispatch,
+        # so a job that prints nothing costs no file at all; until then its ranks are known here
+        self._unwritten: dict[tuple[int, int], list] = {}
         # the files written once per job (an attempt's nodes.json at dispatch, a stream's .done
         # at its end) are created by one thread, in order, so that the event loop never waits on
         # the disk for them (a file's creation took 0.3-0.6 ms of the loop under load). Those
@@ -145,7 +149,11 @@ class LogStore:
         return self.attempt_dir(job_id, attempt) / f"{rank}.out"
 
     def ranks(self, job_id: int, attempt: int) -> list[str]:
-        """The node of each rank of an attempt, as recorded when its output first arrived."""
+        """The node of each rank of an attempt, as recorded at its dispatch (in memory until its
+        first output, in its nodes.json from then on)."""
+        unwritten = self._unwritten.get((job_id, attempt))
+        if unwritten is not None:
+            return list(unwritten[0])
         try:
             return json.loads((self.attempt_dir(job_id, attempt) / NODES_FILE).read_text())
         except (OSError, ValueError):
@@ -184,6 +192,8 @@ class LogStore:
             if not self._write(st, fresh, node):
                 return  # not acknowledged: the node keeps it and sends it again
             self._totals[where[:2]] = total + len(fresh)
+            if where[:2] in self._unwritten:
+                self._first_output(where[:2], node)
         if capped:
             self._write(st, (f"\ntrainyard: output cut at {self.max_bytes} bytes for this job "
                              f"([logs] max_bytes_per_job); the rest is on {node} only\n").encode(), node)
@@ -211,8 +221,8 @@ class LogStore:
                 nodes = [a["node"] for a in job.allocation] if current else []
             recorded = self.ranks(job_id, attempt)
             if current and node in nodes:
-                if not recorded:
-                    self._record_ranks(job_id, attempt, nodes)
+                if not recorded:  # written with the attempt's first output, as at dispatch
+                    self._unwritten.setdefault((job_id, attempt), [list(nodes), 0])
                 where = (job_id, attempt, nodes.index(node))
             elif node in recorded:  # an earlier attempt of a requeued job, still arriving
                 where = (job_id, attempt, recorded.index(node))
@@ -224,17 +234,35 @@ class LogStore:
 
     def record_ranks(self, job_id: int, attempt: int, nodes: list[str]) -> None:
         """At dispatch: output of this attempt is the job's even if it arrives after a requeue.
-        Its streams are known from here on, so their output needs no database read; the file
-        that says so after a restart is written on the file thread."""
+        Its streams are known from here on, so their output needs no database read. Nothing is
+        written yet: the file that says so after a restart (nodes.json) is written on the file
+        thread with the attempt's first output (`_first_output`), and never for an attempt
+        that prints nothing."""
         for rank, node in enumerate(nodes):
             self._owner[(node, f"{job_id}.{attempt}")] = (job_id, attempt, rank)
-        nodes = list(nodes)
+        self._unwritten[(job_id, attempt)] = [list(nodes), 0]
+
+    def _first_output(self, attempt: tuple[int, int], node: str) -> None:
+        """The attempt's first bytes are stored: its nodes.json, on the file thread."""
+        unwritten = self._unwritten.pop(attempt, None)
+        if unwritten is None:  # written already (or by an earlier daemon)
+            return
+        nodes = unwritten[0]
 
         def then(error: OSError | None) -> None:
-            if error is not None:
-                self._problem(f"cannot store jobs' output under {self.root}: {error.strerror or error}",
-                              nodes[0] if nodes else "")
-        self._in_background(lambda: self._record_ranks(job_id, attempt, nodes), then)
+            if error is not None:  # tried again with the attempt's next stored output
+                self._unwritten.setdefault(attempt, unwritten)
+                self._disk_failed(error, node)
+        self._in_background(lambda: self._record_ranks(*attempt, nodes), then)
+
+    def _stream_ended(self, attempt: tuple[int, int]) -> None:
+        """One more stream of the attempt ended: with its last, what is kept of an attempt that
+        printed nothing goes."""
+        unwritten = self._unwritten.get(attempt)
+        if unwritten is not None:
+            unwritten[1] += 1
+            if unwritten[1] >= len(unwritten[0]):
+                del self._unwritten[attempt]
 
     def _record_ranks(self, job_id: int, attempt: int, nodes: list[str]) -> None:
         # plain os calls on the file thread: it holds the interpreter's lock for less
@@ -299,14 +327,17 @@ class LogStore:
         except OSError as e:
             with contextlib.suppress(OSError), open(st.path, "ab") as f:
                 f.truncate(st.size)  # what a partial write left behind is not kept
-            self._problem(f"cannot store jobs' output under {self.root}: {e.strerror or e}; the "
-                          "nodes keep it and send it again", node)
+            self._disk_failed(e, node)
             return False
         st.size += len(data)
         if self._disk_problem:
             self._disk_problem = ""
             self._report(node)
         return True
+
+    def _disk_failed(self, error: OSError, node: str) -> None:
+        self._problem(f"cannot store jobs' output under {self.root}: {error.strerror or error}; the "
+                      "nodes keep it and send it again", node)
 
     def _problem(self, why: str, node: str) -> None:
         if why != self._disk_problem:
@@ -327,7 +358,9 @@ class LogStore:
             log.exception("cannot record logs.problem")
 
     def _finish(self, st: _Stream, where: tuple[int, int, int], node: str, key: str, how: str) -> None:
-        """Mark the stream complete on disk (on the file thread), then acknowledge its end."""
+        """Mark the stream complete on disk (on the file thread), then acknowledge its end. A
+        stream that stored nothing has nothing on disk to mark: its end is acknowledged at once
+        (a late duplicate of it finds nothing stored, and is acknowledged the same way)."""
         st.finishing = True
 
         def then(error: OSError | None) -> None:
@@ -337,11 +370,15 @@ class LogStore:
                 return
             st.complete = True
             self._close(where)
+            self._stream_ended(where[:2])
             self._owner.pop((node, key), None)  # a late duplicate finds the stream complete on disk
             self._ack(node, key, st.size, done=True)
-            if self.shipper:
+            if self.shipper and st.size:
                 self.shipper.ship(*where[:2])
 
+        if not st.size:
+            then(None)
+            return
         done = str(st.path.with_suffix(".done"))
         self._in_background(lambda: write_file(done, how), then)
 

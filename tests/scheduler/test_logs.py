@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import shutil
 import subprocess
@@ -185,12 +186,41 @@ def test_the_store_keeps_nothing_for_the_jobs_whose_output_ended(tmp_path, store
         logs.on_output("n1", chunk(f"{job}.0", (len(f"job {job}\n") if job % 2 else 0), b"", eof=True))
     assert [m["done"] for _, m in links.sent].count(True) == 1000
     assert (tmp_path / "logs/1099/0/0.out").read_text() == "job 1099\n"
-    assert (tmp_path / "logs/1098/0/0.done").exists() and not (tmp_path / "logs/1098/0/0.out").exists()
-    assert (logs._streams, logs._totals, logs._open, logs._owner) == ({}, {}, {}, {})
+    assert not (tmp_path / "logs/1098").exists()  # a job that printed nothing leaves no file
+    assert (logs._streams, logs._totals, logs._open, logs._owner, logs._unwritten) == ({}, {}, {}, {}, {})
+
+
+async def test_a_job_that_prints_nothing_costs_no_file_and_reads_as_empty(tmp_path, store):
+    """The attempt's directory and nodes.json come with its first byte of output: a job with
+    none is acknowledged at its end without a file written, and its ranks are still known (in
+    memory) while it runs; a job with output gets both, on disk, as before."""
+    links = Sent()
+    logs = LogStore(tmp_path / "logs", store, links, Clock())
+    logs.record_ranks(41, 0, ["n1", "n2"])
+    logs.record_ranks(42, 0, ["n1"])
+    assert logs.ranks(41, 0) == ["n1", "n2"] and not (tmp_path / "logs/41").exists()
+    logs.on_output("n1", chunk("41.0", 0, b"", eof=True))
+    assert links.sent[-1] == ("n1", {"op": "output_ack", "key": "41.0", "offset": 0, "done": True})
+    assert logs.ranks(41, 0) == ["n1", "n2"]  # rank 1 has not ended: still known
+    logs.on_output("n2", chunk("41.0", 0, b"rank one\n"))
+    logs.on_output("n2", chunk("41.0", 9, b"", eof=True))
+    logs.on_output("n1", chunk("42.0", 0, b"", eof=True))
+    for _ in range(200):
+        if len(links.sent) == 4 and (tmp_path / "logs/41/0/1.done").exists():
+            break
+        await asyncio.sleep(0.01)
+    await logs.stop()
+    assert [m["done"] for _, m in links.sent] == [True, False, True, True]
+    assert json.loads((tmp_path / "logs/41/0/nodes.json").read_text()) == ["n1", "n2"]
+    assert sorted(p.name for p in (tmp_path / "logs/41/0").iterdir()) == ["1.done", "1.out", "nodes.json"]
+    assert not (tmp_path / "logs/42").exists()
+    assert logs.read(42, 0, 0, 0, 100) is None  # nothing stored: the reader asks the node
+    assert logs.read(41, 0, 1, 0, 100)["data"] == "rank one\n"
+    assert logs._unwritten == {}
 
 
 async def test_files_written_off_the_loop_are_all_written_in_order_and_a_failure_is_reported(tmp_path, store):
-    """In the daemon the per-job files (nodes.json at dispatch, .done at a stream's end) are
+    """In the daemon the per-job files (nodes.json with the first output, .done at a stream's end) are
     written on a file thread, those of one turn of the loop together: each job's end is still
     acknowledged once its .done is on disk, in the order the ends came, and a job whose file
     cannot be written is reported and not acknowledged as done (its node sends the end again)."""
@@ -202,20 +232,23 @@ async def test_files_written_off_the_loop_are_all_written_in_order_and_a_failure
         logs.record_ranks(job, 0, ["n1"])
     await asyncio.sleep(0.2)
     for job in jobs:
-        logs.on_output("n1", chunk(f"{job}.0", 0, b"", eof=True))
+        logs.on_output("n1", chunk(f"{job}.0", 0, b"done\n", eof=True))
     for _ in range(200):
-        if len(links.sent) == len(jobs):
+        if len(links.sent) == len(jobs) - 1:
             break
         await asyncio.sleep(0.01)
     await logs.stop()
     acks = [m for _, m in links.sent]
-    assert [m["key"] for m in acks] == [f"{j}.0" for j in jobs]
-    assert [m["key"] for m in acks if not m["done"]] == ["150.0"]
+    # 150's output could not be stored: not acknowledged at all, so its node keeps it
+    assert [m["key"] for m in acks] == [f"{j}.0" for j in jobs if j != 150]
+    assert all(m["done"] for m in acks)
     written = [j for j in jobs if (tmp_path / f"logs/{j}/0/nodes.json").exists()]
     assert written == [j for j in jobs if j != 150]
     assert all((tmp_path / f"logs/{j}/0/0.done").read_text() == "eof" for j in written)
-    assert "cannot store jobs' output" in logs.problem
-    assert [e.detail["node"] for e in events(store, "logs.problem")] == ["n1"]
+    # recorded once, and recorded as gone when the next job's output was stored
+    problems = events(store, "logs.problem")
+    assert "cannot store jobs' output" in problems[0].detail["problem"] and problems[0].detail["node"] == "n1"
+    assert [e.detail["problem"] for e in problems[1:]] == [""]
 
 
 def test_expired_output_is_removed(tmp_path, store):
