@@ -58,7 +58,9 @@ test-gpu: $(STAMP)
 ## bench: the benchmarks in tests/bench; each prints its figures
 bench: $(STAMP)
 	@# every benchmark runs even when one misses its target; the run fails at the end, naming them
+	@# each benchmark sets its directories aside (tests/bench/_harness.py, discard): removed here, after the last
 	@failed=""; for f in tests/bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || failed="$$failed $$f"; done; \
+	  rm -rf "$${TMPDIR:-/tmp}/trainyard-bench-trash"; \
 	  if [ -n "$$failed" ]; then echo "missed a target or failed:$$failed"; exit 1; fi
 
 ## fuzz: Schemathesis against a real daemon, all checks, as admin and as user (>= 20,000 cases)

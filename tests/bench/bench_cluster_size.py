@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -25,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _harness import ROOT, machine, percentile, readers, readers_cpu_s
+from _harness import ROOT, discard, machine, percentile, readers, readers_cpu_s
 from _http import Connection
 
 GPUS = 8
@@ -304,7 +303,7 @@ class Fleet:
         daemon logs are kept there, and the path printed)."""
         stop(self.proc)
         if remove:
-            shutil.rmtree(self.base, ignore_errors=True)
+            discard(self.base)
         else:
             print(f"  kept for a look: {self.base}", file=sys.stderr)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import statistics
 import subprocess
 import sys
@@ -17,6 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from _harness import discard  # noqa: E402
 
 from scheduler import nodes as node_links  # noqa: E402
 from tests.nodes.conftest import TEST_BASE, Link, Node  # noqa: E402
@@ -98,7 +99,7 @@ def main() -> int:
             node.stop()
         if registry:
             registry.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        discard(base)
         if made_user:
             subprocess.run(["userdel", "-r", "alice"], capture_output=True)
     return 0

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
-import shutil
 import signal
 import socket
 import statistics
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
-from _harness import ROOT, machine, readers_cpu_s
+from _harness import ROOT, discard, machine, readers_cpu_s
 
 SIZE = (200, 50)  # as bench_tui.py
 TICKS = 10
@@ -301,7 +300,7 @@ def main(nodes: int, jobs: int, size: tuple[int, int]) -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        shutil.rmtree(base, ignore_errors=True)
+        discard(base)
 
 
 if __name__ == "__main__":
