@@ -3,6 +3,7 @@ to end, submit->RUNNING latency, and CLI cold start. Prints its figures."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
 import subprocess
@@ -23,6 +24,7 @@ from _harness import (
     percentile,
     tree_cpu_s,
 )
+from _http import Connection
 
 
 def submit_throughput(url: str, token: str, n: int = 2000, hold: bool = True) -> float:
@@ -43,22 +45,28 @@ def submit_throughput(url: str, token: str, n: int = 2000, hold: bool = True) ->
 
 
 def thousand_jobs(url: str, token: str, pid: int, n: int = 1000,
-                  array: bool = False) -> tuple[float, float, dict[str, float]]:
+                  how: str = "lean") -> tuple[float, float, dict[str, float]]:
     """(first submit to last COMPLETED, to the last submit's answer, CPU seconds per job of the
-    daemon, of the nodes and of this client, and under "busy" the share of the machine's cores
-    that was busy meanwhile). With `array`, the jobs are the tasks of one job array, submitted in
-    one request (Slurm's `sbatch --array=0-999`)."""
+    daemon, of the nodes and of this client, and under "busy" the share of the machine's cores that
+    was busy meanwhile). The jobs are submitted one after another over one keep-alive connection
+    (`how`): by the lean client of _http.py ("lean"), or by httpx ("httpx", the CLI's client:
+    about 0.4 ms more of this process's CPU per request, and with one client waiting for each
+    answer that CPU is on the way of every submission); or ("array") as the tasks of one job
+    array, submitted in one request (Slurm's `sbatch --array=0-999`)."""
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
         done0 = c.get("/v1/cluster").json()["jobs_by_state"].get("COMPLETED", 0)
         cpu0, tree0, own0 = cpu_s(pid), tree_cpu_s(pid), time.process_time()
         parts0 = cpu_by_part(pid)
         busy0 = machine_jiffies()
         t0 = now()
-        if array:  # one request: what the nodes and the daemon take to run them, without the API
-            c.post("/v1/jobs", json={"command": ["true"], "gpus": 1, "array": f"0-{n - 1}"}).raise_for_status()
-        else:
+        body = {"command": ["true"], "gpus": 1}
+        if how == "array":  # one request: what the nodes and the daemon take to run them, without the API
+            c.post("/v1/jobs", json={**body, "array": f"0-{n - 1}"}).raise_for_status()
+        elif how == "httpx":
             for _ in range(n):
-                c.post("/v1/jobs", json={"command": ["true"], "gpus": 1}).raise_for_status()
+                c.post("/v1/jobs", json=body).raise_for_status()
+        else:
+            asyncio.run(_submit_lean(url, token, body, n))
         submitted = now() - t0
         while True:
             by = c.get("/v1/cluster").json()["jobs_by_state"]
@@ -73,6 +81,17 @@ def thousand_jobs(url: str, token: str, pid: int, n: int = 1000,
             if now() - t0 > 300:
                 raise SystemExit(f"1,000 jobs did not finish in 300 s: {by}")
             time.sleep(0.05)
+
+
+async def _submit_lean(url: str, token: str, body: dict, n: int) -> None:
+    c = await Connection(url, token).open()
+    try:
+        for _ in range(n):
+            status, job = await c.request("POST", "/v1/jobs", body)
+            if status != 201:
+                raise SystemExit(f"submit answered {status}: {job}")
+    finally:
+        await c.close()
 
 
 FLOOR = """
@@ -181,19 +200,16 @@ def main() -> None:
         print(f"API submit throughput (one keep-alive connection, 2,000 held jobs): {rate:.0f} jobs/s")
         rate = submit_throughput(url, token, hold=False)
         print(f"API submit throughput with scheduling (2,000 jobs, 32 start, the rest queue): {rate:.0f} jobs/s")
-        secs, submitted, cpu = thousand_jobs(url, token, proc.pid)
-        print(f"1,000 trivial 1-GPU jobs on the 4-node demo, first submit to last COMPLETED: {secs:.2f} s "
-              f"(the last submit answered after {submitted:.2f} s); CPU per job: daemon {cpu['daemon'] * 1000:.2f} "
-              f"ms, the nodes (their SSH servers, in a process of their own, agents, job supervisors and jobs) "
-              f"{cpu['nodes'] * 1000:.2f} ms, this client {cpu['client'] * 1000:.2f} ms; the machine's cores busy "
-              f"{cpu['busy'] * 100:.0f} % of the time; that CPU on {os.cpu_count()} cores takes at least "
-              f"{floor_s(cpu):.2f} s")
-        secs, submitted, cpu = thousand_jobs(url, token, proc.pid, array=True)
-        print(f"the same 1,000 jobs as the tasks of one job array (one request), to the last COMPLETED: "
-              f"{secs:.2f} s; CPU per job: daemon {cpu['daemon'] * 1000:.2f} ms, the nodes {cpu['nodes'] * 1000:.2f} ms: "
-              + ", ".join(f"{k} {cpu[k] * 1000:.2f}" for k in ("SSH servers", "agents", "zygotes", "supervisors and jobs"))
-              + f" ms; the cores busy {cpu['busy'] * 100:.0f} %; that CPU on {os.cpu_count()} cores takes at least "
-              f"{floor_s(cpu):.2f} s")
+        for how, by in (("lean", "the benchmarks' lean HTTP client (tests/bench/_http.py)"),
+                        ("httpx", "httpx, the CLI's HTTP client")):
+            secs, submitted, cpu = thousand_jobs(url, token, proc.pid, how=how)
+            print(f"1,000 trivial 1-GPU jobs on the 4-node demo, submitted one after another by {by}, first "
+                  f"submit to last COMPLETED: {secs:.2f} s (the last submit answered after {submitted:.2f} s); CPU "
+                  f"per job: daemon {cpu['daemon'] * 1000:.2f} ms, the nodes (their SSH servers, in a process of "
+                  f"their own, agents, job supervisors and jobs) {cpu['nodes'] * 1000:.2f} ms, this client "
+                  f"{cpu['client'] * 1000:.2f} ms; the machine's cores busy {cpu['busy'] * 100:.0f} % of the time; "
+                  f"that CPU on {os.cpu_count()} cores takes at least {floor_s(cpu):.2f} s")
+        secs, submitted, cpu = thousand_jobs(url, token, proc.pid, how="array")
         spawn, supervised = job_start_floor()
         print(f"the floor of a job's start on this machine: posix_spawn of `true` and its wait {spawn * 1000:.2f} ms of "
               f"CPU; with a process forked per job to supervise it {supervised * 1000:.2f} ms; 1,000 supervised jobs "
