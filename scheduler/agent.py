@@ -34,6 +34,7 @@ if __package__:
     from . import protocol as P
     from .accounts import DEFAULT_MIN_UID, AccountError, lookup
     from .gpus import GPU_FIELDS, Gpus, job_of_pid
+    from .jobdirs import DEFAULT_KEEP_S, JobDirs
     from .nodefiles import WAKE_SOCKET, install_public, listen_wake, own_file, write_atomic
     from .outputs import OutputStreams
     from .zygote import Zygote
@@ -46,6 +47,7 @@ else:  # inside the agent's bundle on a node
     import steps
     from accounts import DEFAULT_MIN_UID, AccountError, lookup
     from gpus import GPU_FIELDS, Gpus, job_of_pid
+    from jobdirs import DEFAULT_KEEP_S, JobDirs
     from nodefiles import WAKE_SOCKET, install_public, listen_wake, own_file, write_atomic
     from outputs import OutputStreams
     from zygote import Zygote
@@ -92,7 +94,7 @@ class Agent:
                  pids_max: int = fencing.DEFAULT_PIDS_MAX, entry: str = "",
                  image_cache_gb: float = containers.DEFAULT_HIGH_WATER_GB,
                  pull_timeout_s: float = containers.DEFAULT_PULL_TIMEOUT_S,
-                 container_runtime: str = ""):
+                 container_runtime: str = "", keep_job_dirs_s: float = DEFAULT_KEEP_S):
         self.node = node or os.environ.get("TRAINYARD_SIM_NODE") or socket.gethostname()
         self.root = nodestate.resolve(root)
         self.out_lock = threading.Lock()
@@ -120,6 +122,7 @@ class Agent:
                                             int(image_cache_gb * 2**30))
         self.pull_timeout_s = pull_timeout_s
         self.output = OutputStreams(self)
+        self.job_dirs = JobDirs(self.jobs_dir, keep_job_dirs_s)  # ended jobs' directories go
         self.ptys = ptys.PtySessions(self)  # terminals in running jobs (srun --pty)
         self.step_server = steps.StepServer(self)  # srun in a job here, to the job's other nodes
         self.step_runner = steps.StepRunner(self)  # steps that other nodes' srun start here
@@ -133,6 +136,7 @@ class Agent:
         os.makedirs(self.jobs_dir, exist_ok=True)
         os.chmod(self.jobs_dir, self.dir_mode)
         self.output.load()
+        self.job_dirs.load()
         path = os.path.join(self.root, WAKE_SOCKET)
         if listen_wake(path, self.woken):
             self.wake_path = path
@@ -457,6 +461,7 @@ class Agent:
                 open(os.path.join(d, "forgotten"), "w").close()
                 if self.exists(d, "rc") or self.exists(d, "failed"):
                     fencing.remove(self.cgroups_of(d))  # only the cgroups recorded for it
+                self.job_dirs.ended(key)
             self.watching.pop(key, None)
             w = self.wrappers.pop(key, None)
             if w is not None:
@@ -596,6 +601,8 @@ class Agent:
                     self.output.pump()
                 except OSError as e:  # output that cannot be read never stops the jobs' agent
                     self.send(P.Error(f"output: {e}"))
+            if self.job_dirs.due:
+                self.job_dirs.sweep()
             if self.telemetry_s > 0 and time.monotonic() >= next_tel:
                 next_tel = time.monotonic() + self.telemetry_s
                 self.send_telemetry()
@@ -660,6 +667,9 @@ def main(argv: list) -> int:
                         "are removed above it")
     p.add_argument("--pull-timeout", type=float, default=containers.DEFAULT_PULL_TIMEOUT_S,
                    help="seconds an image pull may take")
+    p.add_argument("--keep-job-dirs", type=float, default=DEFAULT_KEEP_S,
+                   help="seconds an ended job's directory stays on the node once its end and all "
+                        "of its output are stored by the daemon")
     p.add_argument("--container-runtime", default="", choices=("",) + containers.RUNTIMES,
                    help="the runtime for container jobs [default: podman, docker, enroot: the "
                         "first found]")
@@ -668,7 +678,7 @@ def main(argv: list) -> int:
     agent = Agent(args.dir, args.gpus, args.gpu_model, args.telemetry, node=args.node,
                   min_uid=args.min_uid, pids_max=args.pids_max,
                   image_cache_gb=args.image_cache_gb, pull_timeout_s=args.pull_timeout,
-                  container_runtime=args.container_runtime)
+                  container_runtime=args.container_runtime, keep_job_dirs_s=args.keep_job_dirs)
     try:
         agent.claim_dir()
     except (nodestate.StateDirError, OSError) as e:

@@ -34,6 +34,7 @@ import asyncssh
 import orjson
 
 from .containers import DEFAULT_HIGH_WATER_GB, DEFAULT_PULL_TIMEOUT_S
+from .jobdirs import DEFAULT_KEEP_S
 from .protocol import PROTOCOL_VERSION
 
 log = logging.getLogger("trainyard.nodes")
@@ -41,7 +42,7 @@ log = logging.getLogger("trainyard.nodes")
 HERE = Path(__file__).parent
 # The agent's bundle: what real nodes run. The demo's GPU simulator (simgpu.py) is not in it.
 BUNDLE_MODULES = ("agent", "protocol", "gpus", "nodestate", "accounts", "fencing", "jobstep",
-                  "containers", "nodefiles", "outputs", "ptys", "steps", "zygote",
+                  "containers", "jobdirs", "nodefiles", "outputs", "ptys", "steps", "zygote",
                   # Slurm's srun and scontrol inside jobs, and what they import
                   "slurm/hostlist", "slurm/layout", "slurm/shims/srun", "slurm/shims/scontrol")
 # `wrap` (a job's supervisor as a fresh interpreter) and `zygote` (the process that forks them)
@@ -139,6 +140,7 @@ class SshSettings:
     hello_timeout_s: float = 60.0  # an agent started that has not said hello by then: the attempt failed
     pull_timeout_s: float = DEFAULT_PULL_TIMEOUT_S  # an image pull on a node, at most
     image_cache_gb: float = DEFAULT_HIGH_WATER_GB  # a node's image cache, before LRU eviction
+    job_dir_retention_s: float = DEFAULT_KEEP_S  # an ended job's directory on its node, kept this long
 
 
 def host_pattern(address: str, port: int) -> str:
@@ -283,7 +285,8 @@ def agent_argv(target: SshTarget, settings: SshSettings, bundle: str = "", direc
     options = ["--node", target.name, "--gpus", str(target.declared_gpus),
                "--gpu-model", target.gpu_model, "--telemetry", f"{settings.telemetry_interval_s:g}",
                "--min-uid", str(target.min_uid), "--pull-timeout", f"{settings.pull_timeout_s:g}",
-               "--image-cache-gb", f"{settings.image_cache_gb:g}"]
+               "--image-cache-gb", f"{settings.image_cache_gb:g}",
+               "--keep-job-dirs", f"{settings.job_dir_retention_s:g}"]
     if target.privilege == "sudo":
         where = ["--dir", target.agent_dir] if target.agent_dir not in ("", ".trainyard") else []
         return ["sudo", "-n", SYSTEM_PYTHON, "-I", INSTALLED_AGENT, *options, *where]

@@ -62,6 +62,7 @@ class OutputStreams:
             del self.streams[msg.key]
             with contextlib.suppress(FileNotFoundError):  # the job's directory was removed
                 write_atomic(os.path.join(d, "log.done"), str(msg.offset))
+                self.agent.job_dirs.ended(msg.key)
             return
         offset = int(msg.offset)
         if offset < st["acked"] or offset > st["sent"]:

@@ -31,6 +31,7 @@ from pydantic import (
 
 from .containers import DEFAULT_HIGH_WATER_GB, DEFAULT_PULL_TIMEOUT_S
 from .health import ACTIONS, DRAIN_NODE, FATAL_XIDS, HealthRules
+from .jobdirs import DEFAULT_KEEP_S
 from .planner.policy import ORDERS, PRESETS, QUEUEINGS, PolicyConfig, QueuePolicy, TeamQuota
 from .settings_messages import describe, short
 from .units import UnitError, format_duration, parse_duration, parse_listen
@@ -291,6 +292,9 @@ class NodesSettings(_Table):
     # images (--image-cache-gb)
     pull_timeout: PositiveSeconds = DEFAULT_PULL_TIMEOUT_S
     image_cache_gb: float = Field(DEFAULT_HIGH_WATER_GB, gt=0, le=1_000_000)
+    # an ended job's directory on its node (its files, the node's copy of its output, its default
+    # working directory) is removed this long after its end and all of its output are stored
+    job_dir_retention: Seconds = DEFAULT_KEEP_S
 
 
 BUCKET_URL = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(.*))?")

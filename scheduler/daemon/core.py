@@ -112,6 +112,7 @@ class Daemon:
             reconnect_max_backoff_s=config.reconnect_max_backoff_s, connect_concurrency=config.connect_concurrency,
             hello_timeout_s=config.hello_timeout_s, telemetry_interval_s=config.telemetry_interval_s,
             pull_timeout_s=config.nodes.pull_timeout, image_cache_gb=config.nodes.image_cache_gb,
+            job_dir_retention_s=config.nodes.job_dir_retention,
         )
         self.links = NodeLinks(settings, str(self.key_path), self.clock, self.on_agent_message,
                                self._on_link_problem, config.nodes.agent_dir, config.nodes.min_uid)

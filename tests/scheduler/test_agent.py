@@ -16,9 +16,9 @@ AGENT = Path(__file__).resolve().parents[2] / "scheduler" / "agent.py"
 
 
 class Agent:
-    def __init__(self, root: Path, sim_gpus: int = 4):
+    def __init__(self, root: Path, sim_gpus: int = 4, extra: tuple[str, ...] = ()):
         env = {**os.environ, "TRAINYARD_SIM_GPUS": str(sim_gpus)}
-        self.proc = subprocess.Popen([sys.executable, str(AGENT), "--root", str(root), "--telemetry", "0"],
+        self.proc = subprocess.Popen([sys.executable, str(AGENT), "--root", str(root), "--telemetry", "0", *extra],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -115,6 +115,77 @@ def test_jobs_survive_the_agent_and_their_exit_is_reported_to_the_next_one(tmp_p
         jobs = {j["key"]: j for j in second.wait_for("jobs")["jobs"]}
         assert "3.0" not in jobs
         assert jobs["4.0"]["state"] == "exited" and jobs["4.0"]["rc"] == 128 + signal.SIGKILL
+    finally:
+        second.close()
+
+
+def wait_until(condition, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout:g} s")
+        time.sleep(0.02)
+
+
+def ended_job(a: Agent, key: str, output: str = "out\n") -> None:
+    """Run `key` to its end and wait for the end of its output stream."""
+    a.send(op="launch", key=key, job_id=int(key.split(".")[0]), argv=["sh", "-c", f"printf '{output}'"])
+    a.wait_for("exited", key)
+    deadline = time.monotonic() + 10
+    while not (msg := a.wait_for("output", key, timeout=deadline - time.monotonic()))["eof"]:
+        pass
+    assert msg["offset"] == len(output)
+
+
+def test_an_ended_jobs_directory_goes_once_its_end_and_all_its_output_are_stored(tmp_path):
+    """A node keeps no job directory for good: once the daemon has recorded the job's end
+    (forget) and stored all of its output (done), the directory goes after the retention (here
+    none). Until both, it stays: output the daemon has not stored is never removed."""
+    root = tmp_path / "agent"
+    jobs = root / "jobs"
+    a = Agent(root, extra=("--keep-job-dirs", "0"))
+    try:
+        for key in ("1.0", "2.0", "3.0"):
+            ended_job(a, key)
+        a.send(op="output_ack", key="1.0", offset=4, done=True)
+        a.send(op="forget", keys=["1.0"])
+        a.send(op="forget", keys=["2.0"])  # its end is recorded, its output not yet stored
+        a.send(op="output_ack", key="3.0", offset=4, done=True)  # stored, its end not yet recorded
+        wait_until(lambda: not (jobs / "1.0").exists(), "1.0's directory removed")
+        time.sleep(0.3)
+        assert (jobs / "2.0" / "log").read_text() == "out\n" and (jobs / "3.0" / "rc").exists()
+        a.send(op="output_ack", key="2.0", offset=4, done=True)
+        wait_until(lambda: not (jobs / "2.0").exists(), "2.0's directory removed")
+        a.send(op="sync", id=1)
+        assert [j["key"] for j in a.wait_for("jobs")["jobs"]] == ["3.0"]
+        a.send(op="log", id=2, key="3.0")  # what the node still holds is still served
+        assert a.wait_for("log")["data"] == "out\n"
+    finally:
+        a.close()
+
+
+def test_an_agent_started_later_removes_what_ended_before_it_once_past_the_retention(tmp_path):
+    """The retention counts from when the job became removable, across agent restarts: an
+    agent finds what its predecessors left and removes what is past it, keeping the rest."""
+    root = tmp_path / "agent"
+    jobs = root / "jobs"
+    first = Agent(root)  # the default retention: an hour
+    for key in ("4.0", "5.0"):
+        ended_job(first, key)
+        first.send(op="output_ack", key=key, offset=4, done=True)
+        first.send(op="forget", keys=[key])
+    wait_until(lambda: all((jobs / k / "forgotten").exists() and (jobs / k / "log.done").exists()
+                           for k in ("4.0", "5.0")), "both ends stored")
+    time.sleep(0.3)
+    assert (jobs / "4.0").exists() and (jobs / "5.0").exists()  # within the hour
+    first.close()
+    two_hours_ago = time.time() - 7200
+    for name in ("forgotten", "log.done"):
+        os.utime(jobs / "4.0" / name, (two_hours_ago, two_hours_ago))
+    second = Agent(root)
+    try:
+        wait_until(lambda: not (jobs / "4.0").exists(), "4.0's directory removed by the next agent")
+        assert (jobs / "5.0" / "rc").read_text() == "0"
     finally:
         second.close()
 
@@ -296,3 +367,22 @@ def test_a_job_that_cannot_start_says_why_as_before(tmp_path):
     script.write_text("echo hi\n")
     rc, out = _wrap(tmp_path, "j4", [str(script)], str(tmp_path))
     assert (rc, out) == ("127", f"trainyard: cannot run {script}: Permission denied\n")
+
+
+def test_the_daemons_job_dir_retention_reaches_every_agent_and_a_bad_one_is_named():
+    from scheduler.nodes import SshSettings, SshTarget, agent_argv
+    from scheduler.settings import Settings, SettingsError
+
+    def nodes(**values):
+        return Settings.from_toml({"nodes": values}, source="trainyard.toml").nodes
+
+    assert nodes().job_dir_retention == 3600.0
+    assert nodes(job_dir_retention="2h").job_dir_retention == 7200.0
+    assert nodes(job_dir_retention=0).job_dir_retention == 0.0  # removed at once
+    with pytest.raises(SettingsError) as e:
+        nodes(job_dir_retention="soon")
+    assert "nodes.job_dir_retention: cannot read 'soon' as a duration" in str(e.value)
+    for privilege in ("login", "sudo"):
+        target = SshTarget("g1", "10.0.0.1", 22, "root", "/k", privilege=privilege)
+        argv = agent_argv(target, SshSettings("/kh", job_dir_retention_s=7200), "/b/agent.pyz", "/d")
+        assert argv[argv.index("--keep-job-dirs") + 1] == "7200"
