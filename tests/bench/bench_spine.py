@@ -51,8 +51,10 @@ def thousand_jobs(url: str, token: str, pid: int, n: int = 1000,
     was busy meanwhile). The jobs are submitted one after another over one keep-alive connection
     (`how`): by the lean client of _http.py ("lean"), or by httpx ("httpx", the CLI's client:
     about 0.4 ms more of this process's CPU per request, and with one client waiting for each
-    answer that CPU is on the way of every submission); or ("array") as the tasks of one job
-    array, submitted in one request (Slurm's `sbatch --array=0-999`)."""
+    answer that CPU is on the way of every submission); or by 8 lean clients at once, each
+    waiting for its answers ("8 clients", as a pipeline's submitters or a workflow engine);
+    or ("array") as the tasks of one job array, submitted in one request (Slurm's
+    `sbatch --array=0-999`)."""
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
         done0 = c.get("/v1/cluster").json()["jobs_by_state"].get("COMPLETED", 0)
         cpu0, tree0, own0 = cpu_s(pid), tree_cpu_s(pid), time.process_time()
@@ -65,6 +67,10 @@ def thousand_jobs(url: str, token: str, pid: int, n: int = 1000,
         elif how == "httpx":
             for _ in range(n):
                 c.post("/v1/jobs", json=body).raise_for_status()
+        elif how == "8 clients":
+            async def clients() -> None:
+                await asyncio.gather(*(_submit_lean(url, token, body, n // 8 + (i < n % 8)) for i in range(8)))
+            asyncio.run(clients())
         else:
             asyncio.run(_submit_lean(url, token, body, n))
         submitted = now() - t0
@@ -200,10 +206,11 @@ def main() -> None:
         print(f"API submit throughput (one keep-alive connection, 2,000 held jobs): {rate:.0f} jobs/s")
         rate = submit_throughput(url, token, hold=False)
         print(f"API submit throughput with scheduling (2,000 jobs, 32 start, the rest queue): {rate:.0f} jobs/s")
-        for how, by in (("lean", "the benchmarks' lean HTTP client (tests/bench/_http.py)"),
-                        ("httpx", "httpx, the CLI's HTTP client")):
+        for how, by in (("lean", "one after another by the benchmarks' lean HTTP client (tests/bench/_http.py)"),
+                        ("httpx", "one after another by httpx, the CLI's HTTP client"),
+                        ("8 clients", "by 8 of those lean clients at once")):
             secs, submitted, cpu = thousand_jobs(url, token, proc.pid, how=how)
-            print(f"1,000 trivial 1-GPU jobs on the 4-node demo, submitted one after another by {by}, first "
+            print(f"1,000 trivial 1-GPU jobs on the 4-node demo, submitted {by}, first "
                   f"submit to last COMPLETED: {secs:.2f} s (the last submit answered after {submitted:.2f} s); CPU "
                   f"per job: daemon {cpu['daemon'] * 1000:.2f} ms, the nodes (their SSH servers, in a process of "
                   f"their own, agents, job supervisors and jobs) {cpu['nodes'] * 1000:.2f} ms, this client "
