@@ -405,6 +405,8 @@ class LogStore:
     def may_be_shipped(self, job_id: int, attempt: int, rank: int) -> bool:
         """Whether the bucket may hold a rank that the spool does not: it ended, or the spool
         no longer knows the attempt at all (removed, or another daemon's disk)."""
+        if (job_id, attempt) in self._unwritten:  # dispatched, nothing of it stored yet: nor shipped
+            return False
         d = self.attempt_dir(job_id, attempt)
         return not (d / NODES_FILE).exists() or self.rank_path(job_id, attempt, rank).with_suffix(".done").exists()
 

@@ -274,3 +274,25 @@ async def wait_async(pred, what: str, timeout: float = 15.0):
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def test_a_running_job_that_printed_nothing_yet_is_not_looked_for_in_the_bucket(s3, shipping):
+    """An attempt's files come with its first output: until then the daemon knows it from the
+    dispatch, and a reader (`trainyard logs --follow`, twice a second) is answered without a
+    GET from the bucket for output that cannot have been shipped."""
+    from scheduler.daemon import Caller
+    from scheduler.daemon.logstore import JobLogs
+
+    logs, name = shipping
+    asked = []
+    read, ranks = logs.bucket.read, logs.bucket.ranks
+    logs.bucket.read = lambda *a: asked.append(("read", a)) or read(*a)
+    logs.bucket.ranks = lambda *a: asked.append(("ranks", a)) or ranks(*a)
+    logs.record_ranks(7, 0, ["n1"])
+    reader = JobLogs(logs, logs.store, Sent())
+    page = await reader.read(Caller("ann", "user"), 7, 0, 0, 1000)
+    assert (page["data"], page["node"], page["source"]) == ("", "n1", "none")
+    assert asked == []
+    logs.on_output("n1", chunk("7.0", 0, b"now it prints\n"))
+    page = await reader.read(Caller("ann", "user"), 7, 0, 0, 1000)
+    assert (page["data"], page["source"]) == ("now it prints\n", "store") and asked == []
