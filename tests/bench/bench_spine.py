@@ -217,6 +217,11 @@ def main() -> None:
                   f"{cpu['client'] * 1000:.2f} ms; the machine's cores busy {cpu['busy'] * 100:.0f} % of the time; "
                   f"that CPU on {os.cpu_count()} cores takes at least {floor_s(cpu):.2f} s")
         secs, submitted, cpu = thousand_jobs(url, token, proc.pid, how="array")
+        print(f"the same 1,000 jobs as the tasks of one job array (one request), to the last COMPLETED: "
+              f"{secs:.2f} s; CPU per job: daemon {cpu['daemon'] * 1000:.2f} ms, the nodes {cpu['nodes'] * 1000:.2f} ms: "
+              + ", ".join(f"{k} {cpu[k] * 1000:.2f}" for k in ("SSH servers", "agents", "zygotes", "supervisors and jobs"))
+              + f" ms; the cores busy {cpu['busy'] * 100:.0f} %; that CPU on {os.cpu_count()} cores takes at least "
+              f"{floor_s(cpu):.2f} s")
         spawn, supervised = job_start_floor()
         print(f"the floor of a job's start on this machine: posix_spawn of `true` and its wait {spawn * 1000:.2f} ms of "
               f"CPU; with a process forked per job to supervise it {supervised * 1000:.2f} ms; 1,000 supervised jobs "
