@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from urllib.parse import urlsplit
 
 
@@ -57,3 +58,23 @@ class Connection:
     async def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+async def submit_jobs(url: str, token: str, body: dict, count: int, lat: list[float] | None = None,
+                      ids: list[int] | None = None) -> None:
+    """POST `count` jobs of `body` one after another over one connection, each waiting for the
+    answer to the one before; each answer's latency and job id into `lat` and `ids` when given.
+    An answer other than 201 ends the benchmark, saying what it was."""
+    c = await Connection(url, token).open()
+    try:
+        for _ in range(count):
+            t0 = time.perf_counter()
+            status, job = await c.request("POST", "/v1/jobs", body)
+            if lat is not None:
+                lat.append(time.perf_counter() - t0)
+            if status != 201:
+                raise SystemExit(f"submit answered {status}: {job}")
+            if ids is not None:
+                ids.append(job["id"])
+    finally:
+        await c.close()

@@ -24,7 +24,7 @@ from _harness import (
     percentile,
     tree_cpu_s,
 )
-from _http import Connection
+from _http import submit_jobs
 
 
 def submit_throughput(url: str, token: str, n: int = 2000, hold: bool = True) -> float:
@@ -48,13 +48,12 @@ def thousand_jobs(url: str, token: str, pid: int, n: int = 1000,
                   how: str = "lean") -> tuple[float, float, dict[str, float]]:
     """(first submit to last COMPLETED, to the last submit's answer, CPU seconds per job of the
     daemon, of the nodes and of this client, and under "busy" the share of the machine's cores that
-    was busy meanwhile). The jobs are submitted one after another over one keep-alive connection
-    (`how`): by the lean client of _http.py ("lean"), or by httpx ("httpx", the CLI's client:
-    about 0.4 ms more of this process's CPU per request, and with one client waiting for each
-    answer that CPU is on the way of every submission); or by 8 lean clients at once, each
-    waiting for its answers ("8 clients", as a pipeline's submitters or a workflow engine);
-    or ("array") as the tasks of one job array, submitted in one request (Slurm's
-    `sbatch --array=0-999`)."""
+    was busy meanwhile). `how` submits them: one after another over one keep-alive connection,
+    by the lean client of _http.py ("lean") or by httpx ("httpx", the CLI's client: about 0.4 ms
+    more of this process's CPU per request, which with one client waiting for each answer is on
+    the way of every submission); by 8 lean clients at once ("8 clients", as a pipeline's
+    submitters or a workflow engine); or as the tasks of one job array, in one request ("array",
+    Slurm's `sbatch --array=0-999`)."""
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
         done0 = c.get("/v1/cluster").json()["jobs_by_state"].get("COMPLETED", 0)
         cpu0, tree0, own0 = cpu_s(pid), tree_cpu_s(pid), time.process_time()
@@ -69,10 +68,10 @@ def thousand_jobs(url: str, token: str, pid: int, n: int = 1000,
                 c.post("/v1/jobs", json=body).raise_for_status()
         elif how == "8 clients":
             async def clients() -> None:
-                await asyncio.gather(*(_submit_lean(url, token, body, n // 8 + (i < n % 8)) for i in range(8)))
+                await asyncio.gather(*(submit_jobs(url, token, body, n // 8 + (i < n % 8)) for i in range(8)))
             asyncio.run(clients())
         else:
-            asyncio.run(_submit_lean(url, token, body, n))
+            asyncio.run(submit_jobs(url, token, body, n))
         submitted = now() - t0
         while True:
             by = c.get("/v1/cluster").json()["jobs_by_state"]
@@ -87,17 +86,6 @@ def thousand_jobs(url: str, token: str, pid: int, n: int = 1000,
             if now() - t0 > 300:
                 raise SystemExit(f"1,000 jobs did not finish in 300 s: {by}")
             time.sleep(0.05)
-
-
-async def _submit_lean(url: str, token: str, body: dict, n: int) -> None:
-    c = await Connection(url, token).open()
-    try:
-        for _ in range(n):
-            status, job = await c.request("POST", "/v1/jobs", body)
-            if status != 201:
-                raise SystemExit(f"submit answered {status}: {job}")
-    finally:
-        await c.close()
 
 
 FLOOR = """

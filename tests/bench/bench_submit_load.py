@@ -14,22 +14,12 @@ import sys
 import time
 
 from _harness import busy_share, cpu_s, demo, machine, machine_jiffies, now, percentile, tree_cpu_s
-from _http import Connection
+from _http import Connection, submit_jobs
 
 
 async def client(url: str, token: str, count: int, lat: list[float], ids: list[int], held: bool) -> None:
-    c = await Connection(url, token).open()
     body = {"command": ["true"], "gpus": 1, "name": "load", **({"hold": True} if held else {})}
-    try:
-        for _ in range(count):
-            t0 = now()
-            status, job = await c.request("POST", "/v1/jobs", body)
-            lat.append(now() - t0)
-            if status != 201:
-                raise SystemExit(f"submit answered {status}: {job}")
-            ids.append(job["id"])
-    finally:
-        await c.close()
+    await submit_jobs(url, token, body, count, lat, ids)
 
 
 async def run(url: str, token: str, pid: int, jobs: int, clients: int, held: bool = False) -> None:
