@@ -135,8 +135,9 @@ class Agent:
         nodestate.claim(self.root, self.node, self.dir_mode)
         os.makedirs(self.jobs_dir, exist_ok=True)
         os.chmod(self.jobs_dir, self.dir_mode)
-        self.output.load()
-        self.job_dirs.load()
+        keys = sorted(os.listdir(self.jobs_dir))  # the job directories earlier agents left
+        self.output.load(keys)
+        self.job_dirs.load(keys)
         path = os.path.join(self.root, WAKE_SOCKET)
         if listen_wake(path, self.woken):
             self.wake_path = path

@@ -34,11 +34,11 @@ class JobDirs:
         self.due: collections.deque = collections.deque()  # (removed at, key), oldest first
         self.queued: set = set()
 
-    def load(self) -> None:
-        """At the agent's start: the directories that became removable before it, by the time
-        they did (a retention already past is removed at the first sweeps)."""
+    def load(self, keys: list) -> None:
+        """At the agent's start, of the job directories `keys`: those that became removable
+        before it, by the time they did (a retention already past is removed at the first sweeps)."""
         found = []
-        for key in os.listdir(self.jobs_dir):
+        for key in keys:
             since = self._removable_since(key)
             if since is not None:
                 found.append((since + self.keep_s, key))

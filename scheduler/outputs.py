@@ -35,9 +35,10 @@ class OutputStreams:
         self.agent = agent
         self.streams: dict[str, dict] = {}
 
-    def load(self) -> None:
-        """Streams the daemon has not finished with: jobs of earlier agents included."""
-        for key in sorted(os.listdir(self.agent.jobs_dir)):
+    def load(self, keys: list) -> None:
+        """Streams the daemon has not finished with, of the job directories `keys`: jobs of
+        earlier agents included."""
+        for key in keys:
             d = os.path.join(self.agent.jobs_dir, key)
             if os.path.isdir(d) and not os.path.exists(os.path.join(d, "log.done")):
                 self.add(key)
