@@ -147,6 +147,7 @@ def _spawn(spec: dict, out_fd: int, err_fd: int):
     argv, env = spec["argv"], spec["env"]
     here = os.getcwd()
     umask = os.umask(int(spec.get("umask", 0o077)))
+    own_path = os.environ.get("PATH")  # os.environ does not follow putenv: the process's own
     try:
         path = env.get("PATH")
         if path is None:  # both then search /bin:/usr/bin (os.defpath, the C library's default)
@@ -163,6 +164,11 @@ def _spawn(spec: dict, out_fd: int, err_fd: int):
     finally:
         os.umask(umask)
         os.chdir(here)
+        # a supervisor may run a next job (zygote.py): nothing of this one's environment stays
+        if own_path is None:
+            os.unsetenv("PATH")
+        else:
+            os.putenv("PATH", own_path)
 
 
 def _read(path: str) -> bytes:

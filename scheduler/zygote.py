@@ -6,7 +6,8 @@ imported the job step (jobstep.py) and waits on a socket for job directories. Ea
 to a supervisor that leads a session of its own and runs `jobstep.run(job_dir)` exactly as
 `wrap` does, with nothing of the zygote's descriptors; the zygote reaps them. The supervisor is
 forked ahead of its job (the spare, which waits on a pipe), so a job's start waits for neither
-an interpreter's start (about 75 ms) nor a fork.
+an interpreter's start (about 75 ms) nor a fork. A supervisor whose job ended waits for the
+node's next job (_Pool): on a busy node most jobs cost no fork and no exit at all.
 
 Exactly once: a supervisor first claims its job directory by creating `wpid` exclusively
 (jobstep rewrites it with the same pid). When the zygote dies or hangs with a request in
@@ -15,7 +16,8 @@ flight, the agent claims the directory itself before it falls back to a fresh in
 agent says once on stderr that it fell back, and starts a new zygote for the next job.
 
 The zygote ends when the agent goes away (end of file on its socket) and never outlives it;
-its spare ends with it (end of file on its pipe).
+the supervisors that wait for a job end with it (end of file on their pipes); those that run a
+job run it to its end, then end.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ import contextlib
 import gc
 import json
 import os
+import select
 import signal
 import socket
 import sys
+import time
 
 # Only what the zygote itself needs is imported here: every supervisor is a copy of it, and a
 # smaller process forks and exits faster (about 0.4 ms a job less than with subprocess,
@@ -45,6 +49,20 @@ REPLY_TIMEOUT_S = 10.0
 MAX_FAILURES = 3
 # the signals a fresh interpreter has its own dispositions for, restored in each supervisor
 _RESTORED = (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# a supervisor runs at most this many jobs one after another (as a pre-forked server's worker
+# its requests), then exits: whatever a job's run may have left in it ends there
+MAX_JOBS = 100
+# at most this many supervisors wait for a job; one that finishes beyond them exits
+MAX_IDLE = 8
+# the supervisors the zygote keeps a pipe to, running a job or waiting (its descriptors): a
+# supervisor handed a job beyond them exits after it
+MAX_POOL = 64
+# a supervisor that waited this long for a job is told to end
+IDLE_S = 60.0
+# the supervisors that ended, collected by the SIGCHLD handler for the pool to forget
+_ENDED: list = []
+# how many modules the zygote loaded: a supervisor whose job loaded more exits after it
+_LOADED = 0
 
 
 def claim(job_dir: str, pid: int) -> bool:
@@ -82,11 +100,12 @@ def serve(sock: socket.socket) -> None:
     """Hand each `{"dir": ...}` line on `sock` to a supervisor, answer `{"pid": ...}` (or
     `{"error": ...}`); return at end of file (the agent went away).
 
-    The supervisor is the spare: a child forked after the previous request was answered, that
-    has already become a supervisor (its own session, signals reset, nothing of the zygote's
-    descriptors but its pipe) and waits on that pipe for a job directory. A job's start then
-    waits for no fork (about 2.5 ms of the way from launch to running here); the next spare is
-    forked once the answer is sent. A spare that went away is replaced by a fork on the spot."""
+    The supervisor is one that waits for a job (see _Pool): one whose last job ended, else the
+    spare, forked after the previous answer, that has already become a supervisor (its own
+    session, signals reset, nothing of the zygote's descriptors but its pipes). A job's start then
+    waits for no fork (about 2.5 ms of the way from launch to running here), and on a busy node
+    most jobs cost no fork and no exit at all. A supervisor that went away is replaced by a fork on
+    the spot."""
     fresh = {sig: signal.getsignal(sig) for sig in _RESTORED}
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1):  # the socket arrived as stdin and stdout: `sock` holds it now
@@ -94,71 +113,162 @@ def serve(sock: socket.socket) -> None:
     os.close(null)
     signal.signal(signal.SIGCHLD, _reap)
     os.chdir("/")  # pin no job's or agent's directory
+    global _LOADED
+    _LOADED = len(sys.modules)
     gc.freeze()  # what is loaded now stays shared with every supervisor (copy-on-write)
-    spare = _fork_spare(fresh)
-    reader = sock.makefile("rb")
-    for line in reader:
-        _reap()
-        try:
-            job_dir = json.loads(line)["dir"]
-        except (ValueError, KeyError, TypeError) as e:
-            _answer(sock, {"error": f"bad request {line[:200]!r}: {e}"})
+    pool = _Pool(fresh)
+    pool.spare()
+    buf = b""
+    while True:
+        # awake for a request, a supervisor whose job ended (the books stay exact: at most
+        # MAX_IDLE wait) or the next that waited IDLE_S
+        wait = pool.retire_due(time.monotonic())
+        if sock not in select.select([sock, pool.done_r], [], [], wait)[0]:
             continue
-        pid = _hand_to(spare, job_dir) if spare is not None else None
-        if pid is None:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n" in buf:
+            line, _, buf = buf.partition(b"\n")
+            _reap()
             try:
-                pid = os.fork()
+                job_dir = json.loads(line)["dir"]
+            except (ValueError, KeyError, TypeError) as e:
+                _answer(sock, {"error": f"bad request {line[:200]!r}: {e}"})
+                continue
+            try:
+                pid = pool.hand(job_dir)
             except OSError as e:
                 _answer(sock, {"error": f"cannot fork a supervisor for {job_dir}: {e}"})
                 continue
-            if pid == 0:
-                _become_supervisor(fresh)
-                _supervise(job_dir)
-        _answer(sock, {"pid": pid})
-        spare = _fork_spare(fresh)  # off the way of this job: it runs meanwhile
-    if spare is not None:
-        os.close(spare[1])  # the spare reads end of file and exits
+            _answer(sock, {"pid": pid})
+            pool.spare()  # off the way of this job: it runs meanwhile
+    pool.close()  # every waiting supervisor reads end of file and exits
 
 
-def _fork_spare(fresh: dict):
-    """(pid, the pipe to hand it a job directory on), or None when no process can be forked."""
-    try:
+class _Pool:
+    """The supervisors that may run a next job, and the pipes the zygote hands them jobs on.
+
+    A supervisor whose job ended (its `rc` written, the agent woken) writes "<pid> <serial>" on
+    the pool's shared pipe and waits on its own pipe for the next job directory. Its process
+    exists and the pages it shares with the zygote are already copied, so that job costs it no
+    fork, no copy-on-write faults and no exit: about 0.7 ms of CPU a job on this kind of machine
+    (bench_spine.py's floor of a supervised start, against a spawn alone). It ends after
+    MAX_JOBS jobs, after a job that loaded more than the zygote holds (a container's), when
+    MAX_IDLE others already wait, when it waited IDLE_S, and when the zygote goes away. A
+    supervisor that ran one job is exactly as one forked for it: `jobstep.run` starts each job
+    from its own directory and spec, and what a job's run opened is closed before the next.
+
+    The serial tells a supervisor from a later one that got its pid back: only the one the
+    zygote forked under that serial is handed a job."""
+
+    def __init__(self, fresh: dict):
+        self.fresh = fresh
+        self.done_r, self.done_w = os.pipe()  # every supervisor writes here when its job ended
+        os.set_blocking(self.done_r, False)
+        self.pipes: dict = {}  # pid -> (serial, write end of its pipe): every reusable supervisor
+        self.idle: list = []  # (pid, serial, since) of those waiting for a job, the latest last
+        self.serial = 0
+        self.partial = b""
+
+    def spare(self) -> None:
+        """Fork a supervisor ahead of the next job, unless one waits already."""
+        self._collect()
+        if not self.idle:
+            with contextlib.suppress(OSError):
+                self._fork()
+
+    def hand(self, job_dir: str) -> int:
+        """Give `job_dir` to a waiting supervisor (the latest to finish: its pages are the
+        warmest), or to one forked for it now; its pid. OSError when none can be forked."""
+        self._collect()
+        while self.idle:
+            pid, _serial, _since = self.idle.pop()
+            if self._give(pid, job_dir):
+                return pid
+        pid = self._fork()
+        if not self._give(pid, job_dir):
+            raise OSError(f"the supervisor forked for it (pid {pid}) ended at once")
+        return pid
+
+    def retire_due(self, now: float):
+        """Tell the supervisors that waited IDLE_S to end; the seconds until the next is due
+        (None: none waits)."""
+        self._collect()
+        while self.idle and now - self.idle[0][2] >= IDLE_S:
+            self._retire(self.idle.pop(0)[0])
+        return IDLE_S - (now - self.idle[0][2]) if self.idle else None
+
+    def close(self) -> None:
+        for _serial, w in self.pipes.values():
+            with contextlib.suppress(OSError):
+                os.close(w)
+        self.pipes, self.idle = {}, []
+
+    def _fork(self) -> int:
         r, w = os.pipe()
-    except OSError:
-        return None
-    try:
-        pid = os.fork()
-    except OSError:
+        self.serial += 1
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            raise
+        if pid == 0:
+            os.close(w)
+            _become_supervisor(self.fresh, keep=(r, self.done_w))
+            _serve_jobs(r, self.done_w, self.serial)  # never returns
         os.close(r)
-        os.close(w)
-        return None
-    if pid == 0:
-        os.close(w)
-        _become_supervisor(fresh, keep=r)
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = os.read(r, 65536)
-            if not chunk:  # the zygote went away before it had a job for this spare
-                os._exit(0)
-            data += chunk
-        os.close(r)
-        _supervise(json.loads(data)["dir"])
-    os.close(r)
-    return pid, w
+        self.pipes[pid] = (self.serial, w)
+        self.idle.append((pid, self.serial, time.monotonic()))
+        return pid
 
+    def _give(self, pid: int, job_dir: str) -> bool:
+        serial, w = self.pipes[pid]
+        last = len(self.pipes) > MAX_POOL  # beyond the descriptors the zygote keeps: no next job
+        data = json.dumps({"dir": job_dir, "last": last}).encode() + b"\n"
+        try:
+            while data:
+                data = data[os.write(w, data):]
+        except OSError:  # it died (broken pipe): whatever it read is not a whole line, so it runs nothing
+            self._retire(pid)
+            return False
+        if last:
+            self._retire(pid)
+        return True
 
-def _hand_to(spare: tuple, job_dir: str) -> int | None:
-    """Give the spare its job; its pid, or None when it is gone (the zygote then forks)."""
-    pid, w = spare
-    data = json.dumps({"dir": job_dir}).encode() + b"\n"
-    try:
-        while data:
-            data = data[os.write(w, data):]
-    except OSError:  # it died (broken pipe): whatever it read is not a whole line, so it runs nothing
-        return None
-    finally:
-        os.close(w)
-    return pid
+    def _retire(self, pid: int) -> None:
+        """No more jobs for `pid`: it reads end of file when it next waits, and exits."""
+        _serial, w = self.pipes.pop(pid, (0, -1))
+        if w >= 0:
+            os.close(w)
+
+    def _collect(self) -> None:
+        """Forget the supervisors that ended; note those that finished their job."""
+        while _ENDED:
+            self._retire(_ENDED.pop())
+        while True:
+            try:
+                data = os.read(self.done_r, 65536)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            self.partial += data
+        if b"\n" in self.partial:
+            *lines, self.partial = self.partial.split(b"\n")
+            now = time.monotonic()
+            waiting = {(p, s) for p, s, _ in self.idle}
+            for line in lines:
+                with contextlib.suppress(ValueError):
+                    pid, serial = (int(x) for x in line.split())
+                    if self.pipes.get(pid, (None,))[0] == serial and (pid, serial) not in waiting:
+                        self.idle.append((pid, serial, now))
+                        waiting.add((pid, serial))
+        self.idle = [i for i in self.idle if self.pipes.get(i[0], (None,))[0] == i[1]]
+        while len(self.idle) > MAX_IDLE:
+            self._retire(self.idle.pop(0)[0])
 
 
 def _answer(sock: socket.socket, reply: dict) -> None:
@@ -174,9 +284,10 @@ def _reap(*_signal) -> None:
             return
         if pid == 0:
             return
+        _ENDED.append(pid)
 
 
-def _become_supervisor(fresh: dict, keep: int = -1) -> None:
+def _become_supervisor(fresh: dict, keep: tuple = ()) -> None:
     """In a forked child: what a fresh interpreter's supervisor would have (the signals' own
     dispositions, a session of its own, /dev/null as 0-2 and no other descriptor but `keep`)."""
     try:
@@ -187,35 +298,65 @@ def _become_supervisor(fresh: dict, keep: int = -1) -> None:
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-        top = os.sysconf("SC_OPEN_MAX")
-        if keep < 3:
-            os.closerange(3, top)
-        else:
-            os.closerange(3, keep)
-            os.closerange(keep + 1, top)
+        _close_all_but(keep)
     except BaseException:  # noqa: BLE001 - never back into the zygote's loop
         os._exit(1)
 
 
-def _supervise(job_dir: str) -> None:
-    """In a supervisor: claim the job directory, run the job step as `wrap` would, never return."""
-    code = 1
+def _close_all_but(keep: tuple) -> None:
+    """Close every descriptor above 2 but those in `keep`."""
+    low = 3
+    for fd in sorted(keep):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+
+
+def _serve_jobs(r: int, done_w: int, serial: int) -> None:
+    """In a supervisor: run the jobs handed to it on `r`, one after another; after each that
+    leaves nothing behind, say so on `done_w` and wait for the next. Never returns."""
+    buf = b""
+    code = 0
+    for n in range(1, MAX_JOBS + 1):
+        while b"\n" not in buf:
+            chunk = os.read(r, 65536)
+            if not chunk:  # the zygote went away, or has no job for it: end
+                os._exit(code)
+            buf += chunk
+        line, _, buf = buf.partition(b"\n")
+        request = json.loads(line)
+        code, clean = _supervise(request["dir"])
+        if not clean or request.get("last") or n == MAX_JOBS or len(sys.modules) != _LOADED:
+            break  # a job that loaded more (a container's modules) leaves this copy to its exit
+        os.chdir("/")  # its job's directory stays unpinned
+        _close_all_but((r, done_w))  # whatever the job's run left open
+        try:
+            os.write(done_w, f"{os.getpid()} {serial}\n".encode())
+        except OSError:  # the zygote is gone
+            break
+    os._exit(code)
+
+
+def _supervise(job_dir: str) -> tuple:
+    """In a supervisor: claim the job directory, run the job step as `wrap` would. (exit
+    status, whether this process may run another job: it ran to its end as it should have)."""
     try:
         if not claim(job_dir, os.getpid()):
-            code = 0  # the agent started this job itself (the zygote answered too late)
-            return
+            return 0, True  # the agent started this job itself (the zygote answered too late)
         sys.argv = [sys.argv[0], "wrap", job_dir]
         code = jobstep.run(job_dir)
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+        return (e.code if isinstance(e.code, int) else 1), False
     except BaseException:  # noqa: BLE001 - as an interpreter would: a traceback, status 1
         with contextlib.suppress(Exception):
             import traceback  # noqa: PLC0415 - see the imports above
 
             traceback.print_exc()
             sys.stderr.flush()
-    finally:
-        os._exit(code)
+        return 1, False
+    # as it started: root, or the agent's account (jobstep acts as the owner only for a while)
+    return code, (os.geteuid(), os.getegid()) == (os.getuid(), os.getgid())
 
 
 # ------------------------------------------------------------------ the agent's side

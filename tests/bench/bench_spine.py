@@ -113,9 +113,10 @@ print(spawn, (cpu() - t) / n)
 def job_start_floor(n: int = 500) -> tuple[float, float]:
     """CPU seconds per job, on this machine, of the least that starting a job can cost: a bare
     interpreter that posix_spawns `true` and waits for it; and the same with a process forked
-    per job in between, as a job's supervisor is (forked from the small zygote, it starts the job
-    and outlives it to record its end). Neither counts the SSH link, the agent, the cgroups or
-    the output: any design that keeps a supervisor per job pays at least the second figure."""
+    per job in between, as a job's supervisor was until 2026-12-01 (forked from the small
+    zygote, it starts the job and outlives it to record its end). Neither counts the SSH link,
+    the agent, the cgroups or the output. A supervisor forked per job pays at least the second
+    figure; one that runs the node's next job after its own (zygote.py's pool) the first."""
     out = subprocess.run([sys.executable, "-c", FLOOR, str(n)], capture_output=True, text=True, check=True)
     spawn, supervised = (float(x) for x in out.stdout.split())
     return spawn, supervised
@@ -212,9 +213,10 @@ def main() -> None:
               f"{floor_s(cpu):.2f} s")
         spawn, supervised = job_start_floor()
         print(f"the floor of a job's start on this machine: posix_spawn of `true` and its wait {spawn * 1000:.2f} ms of "
-              f"CPU; with a process forked per job to supervise it {supervised * 1000:.2f} ms; 1,000 supervised jobs "
-              f"on {os.cpu_count()} cores take at least {supervised * 1000 / (os.cpu_count() or 1):.2f} s before "
-              f"any SSH, agent, scheduling or API")
+              f"CPU; with a process forked per job to supervise it {supervised * 1000:.2f} ms (the fork and exit a "
+              f"supervisor reused for the next job saves: {(supervised - spawn) * 1000:.2f} ms); 1,000 jobs on "
+              f"{os.cpu_count()} cores take at least {spawn * 1000 / (os.cpu_count() or 1):.2f} s before any "
+              f"supervisor, SSH, agent, scheduling or API")
         lat, ids = submit_to_running(url, token)
         stages = start_stages(url, token, ids)
         print(f"submit -> RUNNING on a warm node ({len(lat)} jobs): p50 {percentile(lat, 50) * 1000:.1f} ms, "

@@ -3,6 +3,7 @@ a fresh interpreter when the zygote is gone, each job run once, no zombies or le
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.nodes import agent_bundle
+from scheduler import zygote as zygote_module
 from scheduler.zygote import Zygote, claim
 from tests.conftest import wait_for
 from tests.scheduler.test_agent import AGENT, Agent
@@ -155,9 +157,17 @@ def test_a_supervisor_holds_nothing_of_the_agent(tmp_path, jobs_to_end):
         fds = {int(fd): os.readlink(f"/proc/{supervisor}/fd/{fd}")
                for fd in os.listdir(f"/proc/{supervisor}/fd")}
         assert {fds[0], fds[1], fds[2]} == {os.devnull}
-        # beside them only the job's log, which the job step opened: no socket, pipe or file
-        # of the agent's or the zygote's
-        assert set(fds.values()) == {os.devnull, str(root / "jobs" / "1.0" / "log")}
+        # beside them the job's log, which the job step opened, and its two pipes to the zygote
+        # (a next job comes on one, it says its job ended on the other): no socket, pipe or
+        # file of the agent's, and nothing the job inherits (they close on exec)
+        pipes = sorted(t for t in fds.values() if t.startswith("pipe:"))
+        assert set(fds.values()) - set(pipes) == {os.devnull, str(root / "jobs" / "1.0" / "log")}
+        zygote_fds = {os.readlink(f"/proc/{agent.zygote()}/fd/{fd}")
+                      for fd in os.listdir(f"/proc/{agent.zygote()}/fd")}
+        assert len(pipes) == 2 and set(pipes) <= zygote_fds
+        job = job_pid(root, "1.0")
+        job_fds = {os.readlink(f"/proc/{job}/fd/{fd}") for fd in os.listdir(f"/proc/{job}/fd")}
+        assert job_fds == {os.devnull, str(root / "jobs" / "1.0" / "log")}
     finally:
         agent.close()
 
@@ -244,30 +254,45 @@ def test_a_claimed_job_directory_is_never_started_again(tmp_path, capfd):
     assert Path(d, "wpid").read_text() == "4242"
 
 
-def test_a_thousand_supervisors_leave_no_zombies_and_no_leaked_fds_in_the_zygote(tmp_path):
+def pipes_of(pid: int) -> list[str]:
+    """The pipes `pid` holds ("pipe:[inode]"), sorted."""
+    return sorted(t for t in (os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+                  if t.startswith("pipe:"))
+
+
+def test_a_thousand_jobs_leave_no_zombies_and_no_leaked_fds_and_need_few_forks(tmp_path):
     zygote = Zygote(str(AGENT))
     zygote.start()
     assert zygote.launch(job_dir(tmp_path, "warm", ["true"])) is None
     wait_for(lambda: spares(zygote.pid), what="a spare supervisor")
-
-    def fds():  # what each descriptor is (a spare's pipe end changes its number)
-        return sorted(os.readlink(f"/proc/{zygote.pid}/fd/{fd}").split("[")[0]
-                      for fd in os.listdir(f"/proc/{zygote.pid}/fd"))
-    before = fds()
     dirs = [job_dir(tmp_path, f"{i}.0", ["true"]) for i in range(1000)]
     for d in dirs:
         assert zygote.launch(d) is None, "every supervisor forked by the zygote"
     wait_for(lambda: all(os.path.exists(os.path.join(d, "rc")) for d in dirs), timeout=300,
              interval=0.5, what="1,000 jobs to end")
     assert {Path(d, "rc").read_text() for d in dirs} == {"0"}
+    # each job ran once, by a supervisor that ran at most MAX_JOBS of them, and most of them by
+    # a supervisor that had run one before (no fork, no exit for those)
+    ran_by = collections.Counter(int(Path(d, "wpid").read_text()) for d in dirs)
+    assert max(ran_by.values()) <= zygote_module.MAX_JOBS
+    assert len(ran_by) <= 100, f"{len(ran_by)} supervisors for 1,000 jobs one after another"
     wait_for(lambda: set(working(zygote.pid).values()) <= {"Z"}, timeout=30,
-             what="the supervisors to end")
+             what="the supervisors to end or wait")
     with contextlib.suppress(AssertionError):  # a zombie is reaped when its SIGCHLD arrives
         wait_for(lambda: not working(zygote.pid), timeout=5)
     assert working(zygote.pid) == {}, "zombies left in the zygote"
-    assert len(spares(zygote.pid)) == 1  # and the next job's supervisor, waiting
-    assert fds() == before and before.count("pipe:") == 1  # the spare's pipe, and no other
+    waiting = spares(zygote.pid)
+    assert 1 <= len(waiting) <= zygote_module.MAX_IDLE
+    # the zygote holds one pipe to each supervisor that waits, and both ends of the one they all
+    # say "my job ended" on (a supervisor forked later inherits its end): nothing of 1,000 jobs
+    wait_for(lambda: len(pipes_of(zygote.pid)) == len(spares(zygote.pid)) + 2,
+             what="the zygote's pipes to be those of the supervisors that wait")
+    others = {int(fd): os.readlink(f"/proc/{zygote.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote.pid}/fd")}
+    others = {fd: t for fd, t in others.items() if not t.startswith("pipe:")}
+    assert others[0] == others[1] == os.devnull and 2 in others  # stderr: the agent's
+    assert [t.split("[")[0] for fd, t in others.items() if fd > 2] == ["socket:"]  # the agent's
     zygote.close()
+    wait_for(lambda: not any(alive(p) for p in waiting), what="the waiting supervisors to end")
 
 
 def test_the_agent_bundle_forks_supervisors_from_its_zygote(tmp_path, jobs_to_end):
@@ -303,39 +328,123 @@ def test_the_zygote_loads_only_what_a_supervisor_needs(tmp_path):
                 "platform"} & set(loaded)
 
 
-def test_the_spare_supervisor_waits_holding_nothing_and_ends_with_its_zygote(tmp_path):
-    """A job's supervisor is forked before its job comes (the spare): it waits in a session of
-    its own with /dev/null and its pipe only; the zygote forks the next once it handed one a
-    job, replaces one that died by a fork, and a spare never outlives its zygote."""
+def wait_rc(d: str) -> str:
+    wait_for(lambda: os.path.exists(os.path.join(d, "rc")), what=f"the job in {d} to end")
+    return Path(d, "rc").read_text()
+
+
+def test_a_waiting_supervisor_holds_nothing_and_ends_with_its_zygote(tmp_path):
+    """A job's supervisor is forked before its job comes (the spare), or is one whose job ended:
+    it waits in a session of its own with /dev/null and its two pipes only; the zygote forks a
+    spare when none waits, replaces one that died by a fork, and none outlives the zygote."""
     zygote = Zygote(str(AGENT))
     zygote.start()
     warm = job_dir(tmp_path, "warm", ["true"])
     assert zygote.launch(warm) is None
-    # once the warm job ended: until its supervisor has entered the job's directory, it too
-    # looks like a spare (in "/", its pipe already closed)
-    wait_for(lambda: os.path.exists(os.path.join(warm, "rc")), what="the warm job to end")
-    (spare,) = wait_for(lambda: spares(zygote.pid), what="a spare supervisor")
-    assert int(stat_of(spare)[3]) == spare  # it leads its own session
-    fds = {int(fd): os.readlink(f"/proc/{spare}/fd/{fd}") for fd in os.listdir(f"/proc/{spare}/fd")}
-    assert {fds.pop(0), fds.pop(1), fds.pop(2)} == {os.devnull}
-    assert [t.split("[")[0] for t in fds.values()] == ["pipe:"]  # only its pipe to the zygote
-    supervisor = int(Path(warm, "wpid").read_text())
-    assert supervisor != spare and not os.path.exists(f"/proc/{spare}/cwd/spec.json")
+    assert wait_rc(warm) == "0"
+    first = int(Path(warm, "wpid").read_text())
+    # the spare forked after the answer, and the warm job's supervisor, back in "/"
+    waiting = wait_for(lambda: sorted(spares(zygote.pid)) if len(spares(zygote.pid)) == 2 else None,
+                       what="two supervisors waiting")
+    assert first in waiting
+    for pid in waiting:
+        assert int(stat_of(pid)[3]) == pid  # it leads its own session
+        fds = {int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        assert {fds.pop(0), fds.pop(1), fds.pop(2)} == {os.devnull}
+        assert [t.split("[")[0] for t in fds.values()] == ["pipe:", "pipe:"]  # to the zygote, from it
+        assert not os.path.exists(f"/proc/{pid}/cwd/spec.json")
 
     d = job_dir(tmp_path, "1.0", ["true"])
     assert zygote.launch(d) is None
-    wait_for(lambda: os.path.exists(os.path.join(d, "rc")), what="the job to end")
-    assert int(Path(d, "wpid").read_text()) == spare  # the spare ran it
-    (spare,) = wait_for(lambda: spares(zygote.pid), what="the next spare")
+    assert wait_rc(d) == "0"
+    assert int(Path(d, "wpid").read_text()) == first  # the latest to finish ran it: no fork
 
-    os.kill(spare, signal.SIGKILL)  # a spare that died: the job is forked for on the spot
-    wait_for(lambda: spare not in spares(zygote.pid), what="the spare to die")
+    for pid in wait_for(lambda: spares(zygote.pid), what="supervisors waiting"):
+        os.kill(pid, signal.SIGKILL)  # supervisors that died while waiting: the job gets a fork
+    wait_for(lambda: not spares(zygote.pid), what="the waiting supervisors to die")
     marker = tmp_path / "runs"
     d = job_dir(tmp_path, "2.0", ["sh", "-c", f"echo run >> {marker}"])
     assert zygote.launch(d) is None
-    wait_for(lambda: os.path.exists(os.path.join(d, "rc")), what="the job to end")
-    assert marker.read_text() == "run\n" and int(Path(d, "wpid").read_text()) != spare
+    assert wait_rc(d) == "0" and marker.read_text() == "run\n"
+    assert int(Path(d, "wpid").read_text()) not in waiting
 
-    (spare,) = wait_for(lambda: spares(zygote.pid), what="a spare again")
-    zygote.close()  # end of file: the zygote ends, and its spare with it
-    wait_for(lambda: not alive(spare), what="the spare to end with its zygote")
+    waiting = wait_for(lambda: spares(zygote.pid), what="a supervisor waiting again")
+    zygote.close()  # end of file: the zygote ends, and every supervisor waiting with it
+    wait_for(lambda: not any(alive(p) for p in waiting), what="the waiting supervisors to end")
+
+
+def test_a_supervisor_runs_its_next_job_as_a_fresh_one_would(tmp_path):
+    """The second job of a supervisor sees its own spec only: its environment, working directory,
+    umask and output files, no descriptor of the job before it, and the supervisor keeps nothing
+    of that job open."""
+    zygote = Zygote(str(AGENT))
+    zygote.start()
+    out = tmp_path / "first.out"
+    first = job_dir(tmp_path, "1.0", ["sh", "-c", "echo one"])
+    spec = json.loads(Path(first, "spec.json").read_text())
+    spec.update(env={"PATH": "/first-path:" + os.environ["PATH"], "ONLY_FIRST": "1"}, stdout=str(out), umask=0o022)
+    Path(first, "spec.json").write_text(json.dumps(spec))
+    assert zygote.launch(first) is None
+    assert wait_rc(first) == "0" and out.read_text() == "one\n"
+    supervisor = int(Path(first, "wpid").read_text())
+    wait_for(lambda: supervisor in spares(zygote.pid), what="the first job's supervisor to wait")
+    assert [t for t in (os.readlink(f"/proc/{supervisor}/fd/{fd}") for fd in os.listdir(f"/proc/{supervisor}/fd"))
+            if not t.startswith("pipe:")] == [os.devnull] * 3  # its job's log and output file closed
+
+    second = job_dir(tmp_path, "2.0", ["sh", "-c", "echo PATH=$PATH; echo ONLY_FIRST=${ONLY_FIRST-unset}; "
+                                       "pwd; umask; ls /proc/self/fd"])
+    assert zygote.launch(second) is None
+    assert wait_rc(second) == "0"
+    assert int(Path(second, "wpid").read_text()) == supervisor
+    lines = Path(second, "log").read_text().split("\n")
+    assert lines[0] == f"PATH={os.environ['PATH']}"
+    assert lines[1] == "ONLY_FIRST=unset"
+    assert lines[2] == str(Path(second, "work"))
+    assert lines[3] == "0077"  # the spec's default, not the first job's 022
+    assert sorted(lines[4:-1]) == ["0", "1", "2", "3"]  # 3: `ls`'s own directory handle
+    zygote.close()
+
+
+def test_a_supervisor_stops_after_max_jobs_and_the_pool_keeps_at_most_max_idle(tmp_path):
+    zygote = Zygote(str(AGENT))
+    zygote.start()
+    n = zygote_module.MAX_JOBS + 1
+    dirs = [job_dir(tmp_path, f"{i}.0", ["true"]) for i in range(n)]
+    for d in dirs:  # one after another: the latest to finish runs each, until it has run MAX_JOBS
+        assert zygote.launch(d) is None
+        assert wait_rc(d) == "0"
+    ran_by = collections.Counter(int(Path(d, "wpid").read_text()) for d in dirs)
+    (busiest, jobs), *rest = ran_by.most_common()
+    assert jobs == zygote_module.MAX_JOBS and sum(c for _, c in rest) == 1
+    wait_for(lambda: not alive(busiest), what="the supervisor that ran MAX_JOBS jobs to end")
+
+    # many jobs at once: each has a supervisor of its own; once they ended, MAX_IDLE wait
+    many = zygote_module.MAX_IDLE * 2
+    dirs = [job_dir(tmp_path, f"b{i}.0", ["sleep", "0.5"]) for i in range(many)]
+    for d in dirs:
+        assert zygote.launch(d) is None
+    assert len({int(Path(d, "wpid").read_text()) for d in dirs if wait_rc(d) == "0"}) == many
+    wait_for(lambda: len(spares(zygote.pid)) == zygote_module.MAX_IDLE and not working(zygote.pid),
+             what=f"{zygote_module.MAX_IDLE} supervisors waiting and the rest ended")
+    zygote.close()
+
+
+def test_supervisors_that_waited_too_long_are_told_to_end():
+    """The pool's books alone (no fork): one that waited IDLE_S reads end of file on its pipe;
+    a later one keeps waiting, and the zygote's wait is until the next is due."""
+    pool = zygote_module._Pool({})
+    now = time.monotonic()
+    ends = {}
+    for pid, since in ((101, now - zygote_module.IDLE_S - 1), (102, now - 5)):
+        r, w = os.pipe()
+        ends[pid] = r
+        pool.pipes[pid] = (pid, w)
+        pool.idle.append((pid, pid, since))
+    wait = pool.retire_due(now)
+    assert os.read(ends[101], 1) == b""  # told to end
+    assert [p for p, _, _ in pool.idle] == [102] and 102 in pool.pipes and 101 not in pool.pipes
+    assert zygote_module.IDLE_S - 6 < wait <= zygote_module.IDLE_S - 5
+    pool.close()
+    assert os.read(ends[102], 1) == b""
+    for fd in (*ends.values(), pool.done_r, pool.done_w):
+        os.close(fd)
