@@ -579,10 +579,20 @@ def decode_event(obj: dict):
     return _build(cls, obj, cls.ev)
 
 
+_FIELDS: dict = {}  # each message class's field names, looked up once
+
+
 def to_dict(msg) -> dict:
-    """The JSON object of a message: its `op` or `ev` first, then its fields."""
-    tag = {"op": msg.op} if hasattr(msg, "op") else {"ev": msg.ev}
-    return {**tag, **dataclasses.asdict(msg)}
+    """The JSON object of a message: its `op` or `ev` first, then its fields. A shallow copy:
+    a message's fields are JSON values (dataclasses.asdict's deep copy of each cost an agent
+    about 2 % of its CPU on a busy node, for a dict that json.dumps reads once)."""
+    names = _FIELDS.get(type(msg))
+    if names is None:
+        names = _FIELDS[type(msg)] = tuple(f.name for f in dataclasses.fields(msg))
+    out = {"op": msg.op} if hasattr(msg, "op") else {"ev": msg.ev}
+    for name in names:
+        out[name] = getattr(msg, name)
+    return out
 
 
 def encode(msg) -> str:
