@@ -1,5 +1,6 @@
-"""A job supervisor's start on a node: a fresh interpreter (`wrap`) against a fork of the agent's
-zygote, from the agent's request to the job's own process existing. Prints its figures."""
+"""A job supervisor's start on a node: a fresh interpreter (`wrap`) against a supervisor of the
+agent's zygote (forked ahead of the job, or one whose job ended: zygote.py's pool), from the
+agent's request to the job's own process existing. Prints its figures."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def main(n: int = 200) -> None:
         data, digest = agent_bundle()
         bundle = base / f"agent-{digest}.pyz"  # as on a node: the bundle with its bytecode
         bundle.write_bytes(data)
-        for name, forking in (("fresh interpreter (wrap)", False), ("zygote fork", True)):
+        for name, forking in (("fresh interpreter (wrap)", False),
+                              ("through the zygote (a supervisor that waits: the spare, or one whose job ended)", True)):
             zygote = Zygote(str(bundle), forking=forking)
             zygote.start()
             starts(zygote, job_dirs(base, f"warm-{forking}-", 5))

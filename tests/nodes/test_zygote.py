@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.nodes import agent_bundle
 from scheduler import zygote as zygote_module
+from scheduler.nodes import agent_bundle
 from scheduler.zygote import Zygote, claim
 from tests.conftest import wait_for
 from tests.scheduler.test_agent import AGENT, Agent
