@@ -168,7 +168,7 @@ class _Pool:
         self.done_r, self.done_w = os.pipe()  # every supervisor writes here when its job ended
         os.set_blocking(self.done_r, False)
         self.pipes: dict = {}  # pid -> (serial, write end of its pipe): every reusable supervisor
-        self.idle: list = []  # (pid, serial, since) of those waiting for a job, the latest last
+        self.idle: dict = {}  # pid -> (serial, since) of those waiting for a job, the latest last
         self.serial = 0
         self.partial = b""
 
@@ -181,10 +181,10 @@ class _Pool:
 
     def hand(self, job_dir: str) -> int:
         """Give `job_dir` to a waiting supervisor (the latest to finish: its pages are the
-        warmest), or to one forked for it now; its pid. OSError when none can be forked."""
-        self._collect()
+        warmest), or to one forked for it now; its pid. OSError when none can be forked. The
+        books are as the last `spare` or `retire_due` collected them."""
         while self.idle:
-            pid, _serial, _since = self.idle.pop()
+            pid, _ = self.idle.popitem()
             if self._give(pid, job_dir):
                 return pid
         pid = self._fork()
@@ -196,15 +196,18 @@ class _Pool:
         """Tell the supervisors that waited IDLE_S to end; the seconds until the next is due
         (None: none waits)."""
         self._collect()
-        while self.idle and now - self.idle[0][2] >= IDLE_S:
-            self._retire(self.idle.pop(0)[0])
-        return IDLE_S - (now - self.idle[0][2]) if self.idle else None
+        for pid, (_serial, since) in list(self.idle.items()):  # the longest waiting first
+            if now - since < IDLE_S:
+                return IDLE_S - (now - since)
+            del self.idle[pid]
+            self._retire(pid)
+        return None
 
     def close(self) -> None:
         for _serial, w in self.pipes.values():
             with contextlib.suppress(OSError):
                 os.close(w)
-        self.pipes, self.idle = {}, []
+        self.pipes, self.idle = {}, {}
 
     def _fork(self) -> int:
         r, w = os.pipe()
@@ -221,7 +224,7 @@ class _Pool:
             _serve_jobs(r, self.done_w, self.serial)  # never returns
         os.close(r)
         self.pipes[pid] = (self.serial, w)
-        self.idle.append((pid, self.serial, time.monotonic()))
+        self.idle[pid] = (self.serial, time.monotonic())
         return pid
 
     def _give(self, pid: int, job_dir: str) -> bool:
@@ -259,16 +262,17 @@ class _Pool:
         if b"\n" in self.partial:
             *lines, self.partial = self.partial.split(b"\n")
             now = time.monotonic()
-            waiting = {(p, s) for p, s, _ in self.idle}
             for line in lines:
                 with contextlib.suppress(ValueError):
                     pid, serial = (int(x) for x in line.split())
-                    if self.pipes.get(pid, (None,))[0] == serial and (pid, serial) not in waiting:
-                        self.idle.append((pid, serial, now))
-                        waiting.add((pid, serial))
-        self.idle = [i for i in self.idle if self.pipes.get(i[0], (None,))[0] == i[1]]
+                    if self.pipes.get(pid, (None,))[0] == serial:
+                        self.idle[pid] = (serial, now)
+        # the serial: not a later process that got an ended one's pid
+        self.idle = {p: v for p, v in self.idle.items() if self.pipes.get(p, (None,))[0] == v[0]}
         while len(self.idle) > MAX_IDLE:
-            self._retire(self.idle.pop(0)[0])
+            oldest = next(iter(self.idle))
+            del self.idle[oldest]
+            self._retire(oldest)
 
 
 def _answer(sock: socket.socket, reply: dict) -> None:

@@ -439,10 +439,10 @@ def test_supervisors_that_waited_too_long_are_told_to_end():
         r, w = os.pipe()
         ends[pid] = r
         pool.pipes[pid] = (pid, w)
-        pool.idle.append((pid, pid, since))
+        pool.idle[pid] = (pid, since)
     wait = pool.retire_due(now)
     assert os.read(ends[101], 1) == b""  # told to end
-    assert [p for p, _, _ in pool.idle] == [102] and 102 in pool.pipes and 101 not in pool.pipes
+    assert list(pool.idle) == [102] and 102 in pool.pipes and 101 not in pool.pipes
     assert zygote_module.IDLE_S - 6 < wait <= zygote_module.IDLE_S - 5
     pool.close()
     assert os.read(ends[102], 1) == b""
